@@ -1,0 +1,206 @@
+//! Named defaults, limits, and the validation every public entry point runs before it
+//! touches the database.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The table created by [`Locker::migrate`](crate::Locker::migrate) unless the builder names
+/// another one.
+pub const DEFAULT_TABLE: &str = "distributed_lock";
+/// Longest accepted lock key, in bytes (the column is `VARCHAR(128)`).
+pub const MAX_KEY_BYTES: usize = 128;
+/// Longest accepted owner prefix, in bytes; the owner value adds 32 hex digits of a UUID
+/// and must fit the `VARCHAR(64)` column.
+pub const MAX_OWNER_PREFIX_BYTES: usize = 32;
+/// Longest accepted table name. Derived objects (`<table>_fencing_seq`, `<table>_history`,
+/// index and trigger names) must stay within PostgreSQL's 63 and MySQL's 64 characters.
+pub const MAX_TABLE_NAME_BYTES: usize = 40;
+/// Shortest accepted lease: SQLite's clock counts milliseconds.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// Longest accepted lease (one day). Longer work should keep a shorter lease renewed.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// Longest accepted wait for [`Locker::acquire`](crate::Locker::acquire) (one day).
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+/// First retry sleep of a waiting acquire, before jitter.
+pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(10);
+/// Cap on any one retry sleep of a waiting acquire, before jitter.
+pub const DEFAULT_RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// How a waiting acquire spaces its attempts: exponential backoff with full jitter, each
+/// sleep a uniform draw from `[0, min(max, initial * 2^n)]`.
+///
+/// # Default
+/// `initial` = [`DEFAULT_RETRY_INITIAL`] (10 ms), `max` = [`DEFAULT_RETRY_MAX`] (500 ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Upper bound of the first sleep.
+    pub initial: Duration,
+    /// Upper bound of every later sleep.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial: DEFAULT_RETRY_INITIAL,
+            max: DEFAULT_RETRY_MAX,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The sleeps of this policy, one per failed attempt, forever.
+    pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        let (initial, max) = (self.initial, self.max);
+        (0u32..).map(move |attempt| {
+            let ceiling = initial
+                .saturating_mul(2u32.saturating_pow(attempt.min(31)))
+                .min(max);
+            ceiling.mul_f64(fastrand::f64())
+        })
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.initial.is_zero() || self.max < self.initial {
+            return Err(Error::InvalidConfig(format!(
+                "retry policy needs 0 < initial <= max, got {self:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Rejects keys the table cannot hold exactly.
+pub(crate) fn validate_key(key: &str) -> Result<()> {
+    let reason = if key.is_empty() {
+        "the key is empty"
+    } else if key.len() > MAX_KEY_BYTES {
+        "the key is longer than 128 bytes"
+    } else if key.contains('\0') {
+        "the key contains a NUL byte"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidKey {
+        key: key.to_owned(),
+        reason,
+    })
+}
+
+/// Rejects leases outside `[MIN_LEASE, MAX_LEASE]`.
+pub(crate) fn validate_lease(lease: Duration) -> Result<()> {
+    validate_range("lease", lease, MIN_LEASE, MAX_LEASE)
+}
+
+/// Rejects waits above `MAX_WAIT` (zero is a single attempt).
+pub(crate) fn validate_wait(wait: Duration) -> Result<()> {
+    validate_range("wait", wait, Duration::ZERO, MAX_WAIT)
+}
+
+pub(crate) fn validate_range(
+    what: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<()> {
+    if value < min || value > max {
+        return Err(Error::InvalidDuration {
+            what,
+            value,
+            reason: format!("must be between {min:?} and {max:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// Accepts plain identifiers only: `[A-Za-z_][A-Za-z0-9_]*`, at most
+/// [`MAX_TABLE_NAME_BYTES`]. Such a name needs no quoting on any backend, so it can be
+/// spliced into SQL text without opening a door to injection.
+pub(crate) fn validate_table_name(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let reason = match chars.next() {
+        None => "the name is empty",
+        Some(_) if name.len() > MAX_TABLE_NAME_BYTES => "the name is longer than 40 bytes",
+        Some(first) if !(first.is_ascii_alphabetic() || first == '_') => {
+            "the name must start with an ASCII letter or underscore"
+        }
+        Some(_) if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') => {
+            "the name may hold only ASCII letters, digits and underscores"
+        }
+        Some(_) => return Ok(()),
+    };
+    Err(Error::InvalidTableName {
+        name: name.to_owned(),
+        reason,
+    })
+}
+
+/// Owner prefixes end up in the `VARCHAR(64)` owner column and in operators' logs.
+pub(crate) fn validate_owner_prefix(prefix: &str) -> Result<()> {
+    if prefix.len() > MAX_OWNER_PREFIX_BYTES || prefix.chars().any(char::is_control) {
+        return Err(Error::InvalidConfig(format!(
+            "owner prefix {prefix:?} must be at most {MAX_OWNER_PREFIX_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Leases are sent to the database as whole microseconds.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_at_the_boundaries() {
+        assert!(validate_key(&"k".repeat(128)).is_ok());
+        assert!(validate_key(&"k".repeat(129)).is_err());
+        assert!(validate_key("").is_err());
+        assert!(validate_key("a\0b").is_err());
+        // 32 four-byte emoji are 128 bytes; one more is too many.
+        assert!(validate_key(&"🔒".repeat(32)).is_ok());
+        assert!(validate_key(&"🔒".repeat(33)).is_err());
+    }
+
+    #[test]
+    fn table_names() {
+        for ok in ["distributed_lock", "_x", "L1"] {
+            assert!(validate_table_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a b",
+            "a;drop table x",
+            "x\"y",
+            "é",
+            &"a".repeat(41),
+        ] {
+            assert!(validate_table_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn retry_delays_stay_under_the_ceiling() {
+        let policy = RetryPolicy::default();
+        for (n, delay) in policy.delays().take(40).enumerate() {
+            let ceiling =
+                (DEFAULT_RETRY_INITIAL * 2u32.pow(n.min(20) as u32)).min(DEFAULT_RETRY_MAX);
+            assert!(delay <= ceiling, "attempt {n}: {delay:?} > {ceiling:?}");
+        }
+    }
+
+    #[test]
+    fn lease_and_wait_limits() {
+        assert!(validate_lease(Duration::ZERO).is_err());
+        assert!(validate_lease(MAX_LEASE).is_ok());
+        assert!(validate_lease(MAX_LEASE + Duration::from_nanos(1)).is_err());
+        assert!(validate_wait(Duration::ZERO).is_ok());
+        assert!(validate_wait(MAX_WAIT + Duration::from_secs(1)).is_err());
+    }
+}

@@ -1,0 +1,219 @@
+//! MySQL 8 and MariaDB: every statement dblock sends to them, and how answers are read.
+//!
+//! sqlx always sets `CLIENT_FOUND_ROWS`, so an upsert's row count cannot tell a win from a
+//! loss. Acquire is therefore two statements on one connection: an upsert that inserts, or
+//! takes over an expired row, then a read of the row's owner (ours means we won). Fencing
+//! tokens come from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
+//! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
+//! in the OK packet: one statement, and the database's own arithmetic.
+
+use chrono::{DateTime, Utc};
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::pool::PoolConnection;
+use sqlx::{MySql, Pool};
+
+use super::{Acquired, Backend, Contention, Sql, audited, is_unique_violation, sql};
+
+/// MySQL's statements for one table.
+#[doc(hidden)]
+pub struct Statements {
+    acquire: Sql,
+    read_owner: Sql,
+    release: Sql,
+    extend: Sql,
+    inspect: Sql,
+    reap: Sql,
+}
+
+// Assignments run left to right and later ones see the new values: `lock_value` changes
+// first, and only when the old lease expired; the others follow it. VALUES(fencing_token)
+// is the token the insert trigger drew for this attempt, under the key's bucket lock.
+const ACQUIRE: &str = "\
+INSERT INTO {table} (lock_key, lock_value, expire_time, acquired_at)
+VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
+ON DUPLICATE KEY UPDATE
+    lock_value  = IF(expire_time <= NOW(6), VALUES(lock_value), lock_value),
+    fencing_token = IF(lock_value = VALUES(lock_value), VALUES(fencing_token), fencing_token),
+    acquired_at = IF(lock_value = VALUES(lock_value), VALUES(acquired_at), acquired_at),
+    expire_time = IF(lock_value = VALUES(lock_value), VALUES(expire_time), expire_time)";
+
+const READ_OWNER: &str =
+    "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
+
+const RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ?";
+
+// The second assignment changes nothing; it only hands the new expiry (microseconds since
+// the epoch, session time zone UTC as sqlx sets it) to the OK packet.
+const EXTEND: &str = "\
+UPDATE {table}
+   SET expire_time = NOW(6) + INTERVAL ? MICROSECOND,
+       acquired_at = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expire_time)) > 0,
+                        acquired_at, acquired_at)
+ WHERE lock_key = ? AND lock_value = ? AND expire_time > NOW(6)";
+
+const INSPECT: &str = "\
+SELECT lock_value, fencing_token, CAST(expire_time <= NOW(6) AS SIGNED)
+  FROM {table} WHERE lock_key = ?";
+
+const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expire_time LIMIT ?";
+
+const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('dblock-migrate:', ?), 600)";
+const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('dblock-migrate:', ?))";
+
+/// Error numbers that mean "another session got in the way".
+const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+const ER_LOCK_NOWAIT: u16 = 3572;
+
+fn error_number(err: &sqlx::Error) -> Option<u16> {
+    match err {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    }
+}
+
+impl super::sealed::Sealed for MySql {}
+
+impl Backend for MySql {
+    type Statements = Statements;
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
+        "V1__distributed_lock.sql",
+        include_str!("../../migrations/mysql/V1__distributed_lock.sql"),
+    )];
+
+    fn statements(table: &str) -> Statements {
+        Statements {
+            acquire: sql(ACQUIRE, table),
+            read_owner: sql(READ_OWNER, table),
+            release: sql(RELEASE, table),
+            extend: sql(EXTEND, table),
+            inspect: sql(INSPECT, table),
+            reap: sql(REAP, table),
+        }
+    }
+
+    async fn try_acquire(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<Acquired>, sqlx::Error> {
+        let mut conn = pool.acquire().await?;
+        sqlx::query(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_micros)
+            .execute(&mut *conn)
+            .await?;
+        let row: Option<(String, i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.read_owner))
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(match row {
+            Some((holder, fencing_token, expires_at)) if holder == owner => Some(Acquired {
+                fencing_token,
+                expires_at,
+            }),
+            _ => None,
+        })
+    }
+
+    async fn release(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.release))
+            .bind(key)
+            .bind(owner)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn extend(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.extend))
+            .bind(lease_micros)
+            .bind(key)
+            .bind(owner)
+            .execute(pool)
+            .await?;
+        if done.rows_affected() != 1 {
+            return Ok(None);
+        }
+        let micros = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+        Ok(DateTime::from_timestamp_micros(micros))
+    }
+
+    async fn inspect(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<Option<(String, i64, bool)>, sqlx::Error> {
+        let row: Option<(String, i64, i64)> = sqlx::query_as(audited(&sql.inspect))
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+        Ok(row.map(|(owner, token, expired)| (owner, token, expired != 0)))
+    }
+
+    async fn reap_batch(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.reap))
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn contention(err: &sqlx::Error) -> Contention {
+        match error_number(err) {
+            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_DEADLOCK | ER_LOCK_NOWAIT) => Contention::LostRace,
+            _ if is_unique_violation(err) => Contention::LostRace,
+            _ => Contention::Failure,
+        }
+    }
+
+    async fn lock_migrations(
+        conn: &mut PoolConnection<Self>,
+        table: &str,
+    ) -> Result<(), sqlx::Error> {
+        let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
+            .bind(table)
+            .fetch_one(&mut **conn)
+            .await?;
+        if got != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "GET_LOCK for migrating {table} returned {got:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn unlock_migrations(
+        conn: &mut PoolConnection<Self>,
+        table: &str,
+        _commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(MIGRATION_UNLOCK)
+            .bind(table)
+            .execute(&mut **conn)
+            .await?;
+        Ok(())
+    }
+
+    scripts_and_history!();
+}

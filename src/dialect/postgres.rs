@@ -1,0 +1,186 @@
+//! PostgreSQL: every statement dblock sends to PostgreSQL, and how its answers are read.
+//!
+//! Acquire is one statement: an upsert that inserts, or takes over an expired row, and
+//! returns a row only when we won. The fencing token is drawn from a sequence while a
+//! transaction-scoped advisory lock on the key is held, so a later winner of the same key
+//! always draws later (a plain `DEFAULT nextval` would be drawn before the unique check,
+//! and a slow inserter could win with an older number).
+
+use chrono::{DateTime, Utc};
+use sqlx::pool::PoolConnection;
+use sqlx::{Pool, Postgres};
+
+use super::{Acquired, Backend, Contention, Sql, audited, db_code, sql};
+
+/// PostgreSQL's statements for one table.
+#[doc(hidden)]
+pub struct Statements {
+    acquire: Sql,
+    release: Sql,
+    extend: Sql,
+    inspect: Sql,
+    reap: Sql,
+}
+
+const ACQUIRE: &str = "\
+WITH serialize AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+)
+INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
+SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
+       nextval('{table}_fencing_seq'), clock_timestamp()
+  FROM serialize
+ON CONFLICT (lock_key) DO UPDATE
+   SET lock_value = EXCLUDED.lock_value,
+       expire_time = EXCLUDED.expire_time,
+       fencing_token = EXCLUDED.fencing_token,
+       acquired_at = EXCLUDED.acquired_at
+ WHERE held.expire_time <= clock_timestamp()
+RETURNING fencing_token, expire_time";
+
+const RELEASE: &str = "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2";
+
+const EXTEND: &str = "\
+UPDATE {table} SET expire_time = clock_timestamp() + $3::bigint * INTERVAL '1 microsecond'
+ WHERE lock_key = $1 AND lock_value = $2 AND expire_time > clock_timestamp()
+RETURNING expire_time";
+
+const INSPECT: &str = "\
+SELECT lock_value, fencing_token, expire_time <= clock_timestamp()
+  FROM {table} WHERE lock_key = $1";
+
+// The outer condition repeats the expiry test: a row renewed after the inner scan is kept.
+const REAP: &str = "\
+DELETE FROM {table} WHERE lock_key IN (
+    SELECT lock_key FROM {table} WHERE expire_time < clock_timestamp()
+     ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED)
+  AND expire_time < clock_timestamp()";
+
+const MIGRATION_LOCK: &str =
+    "SELECT pg_advisory_lock(hashtextextended('dblock-migrate:' || $1, 0))";
+const MIGRATION_UNLOCK: &str =
+    "SELECT pg_advisory_unlock(hashtextextended('dblock-migrate:' || $1, 0))";
+
+impl super::sealed::Sealed for Postgres {}
+
+impl Backend for Postgres {
+    type Statements = Statements;
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
+        "V1__distributed_lock.sql",
+        include_str!("../../migrations/postgres/V1__distributed_lock.sql"),
+    )];
+
+    fn statements(table: &str) -> Statements {
+        Statements {
+            acquire: sql(ACQUIRE, table),
+            release: sql(RELEASE, table),
+            extend: sql(EXTEND, table),
+            inspect: sql(INSPECT, table),
+            reap: sql(REAP, table),
+        }
+    }
+
+    async fn try_acquire(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<Acquired>, sqlx::Error> {
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_micros)
+            .fetch_optional(pool)
+            .await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+        }))
+    }
+
+    async fn release(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.release))
+            .bind(key)
+            .bind(owner)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn extend(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.extend))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_micros)
+            .fetch_optional(pool)
+            .await
+    }
+
+    async fn inspect(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<Option<(String, i64, bool)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.inspect))
+            .bind(key)
+            .fetch_optional(pool)
+            .await
+    }
+
+    async fn reap_batch(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.reap))
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn contention(err: &sqlx::Error) -> Contention {
+        // unique violation, serialization failure, deadlock, lock not available
+        match db_code(err).as_deref() {
+            Some("23505" | "40001" | "40P01" | "55P03") => Contention::LostRace,
+            _ => Contention::Failure,
+        }
+    }
+
+    async fn lock_migrations(
+        conn: &mut PoolConnection<Self>,
+        table: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(MIGRATION_LOCK)
+            .bind(table)
+            .execute(&mut **conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn unlock_migrations(
+        conn: &mut PoolConnection<Self>,
+        table: &str,
+        _commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(MIGRATION_UNLOCK)
+            .bind(table)
+            .execute(&mut **conn)
+            .await?;
+        Ok(())
+    }
+
+    scripts_and_history!();
+}

@@ -1,0 +1,197 @@
+//! SQLite, the embedded default: every statement dblock sends to SQLite, and how answers
+//! are read.
+//!
+//! SQLite has one writer at a time. Acquire is two statements in one `BEGIN IMMEDIATE`
+//! transaction: draw the next fencing token from the counter row, then upsert (insert, or
+//! take over an expired row) with `RETURNING`. The "database clock" is the clock of the
+//! machine running SQLite, in milliseconds.
+
+use chrono::{DateTime, Utc};
+use sqlx::pool::PoolConnection;
+use sqlx::{Pool, Sqlite};
+
+use super::{Acquired, Backend, Contention, Sql, audited, db_code, is_unique_violation, sql};
+
+/// SQLite's statements for one table.
+#[doc(hidden)]
+pub struct Statements {
+    next_token: Sql,
+    acquire: Sql,
+    release: Sql,
+    extend: Sql,
+    inspect: Sql,
+    reap: Sql,
+}
+
+const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+
+const NEXT_TOKEN: &str =
+    "UPDATE {table}_fencing SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token";
+
+const ACQUIRE: &str = "\
+INSERT INTO {table} (lock_key, lock_value, expire_time, fencing_token, acquired_at)
+VALUES (?1, ?2, strftime('%Y-%m-%d %H:%M:%f', 'now', ?3), ?4, {now})
+ON CONFLICT (lock_key) DO UPDATE
+   SET lock_value = excluded.lock_value,
+       expire_time = excluded.expire_time,
+       fencing_token = excluded.fencing_token,
+       acquired_at = excluded.acquired_at
+ WHERE {table}.expire_time <= {now}
+RETURNING fencing_token, expire_time";
+
+const RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2";
+
+const EXTEND: &str = "\
+UPDATE {table} SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)
+ WHERE lock_key = ?1 AND lock_value = ?2 AND expire_time > {now}
+RETURNING expire_time";
+
+const INSPECT: &str =
+    "SELECT lock_value, fencing_token, expire_time <= {now} FROM {table} WHERE lock_key = ?1";
+
+const REAP: &str = "\
+DELETE FROM {table} WHERE rowid IN (
+    SELECT rowid FROM {table} WHERE expire_time < {now} ORDER BY expire_time LIMIT ?1)";
+
+fn sqlite_sql(template: &str, table: &str) -> Sql {
+    sql(&template.replace("{now}", NOW), table)
+}
+
+/// A lease as an SQLite date modifier: `+30.000000 seconds`.
+fn modifier(lease_micros: i64) -> String {
+    format!(
+        "+{}.{:06} seconds",
+        lease_micros / 1_000_000,
+        lease_micros % 1_000_000
+    )
+}
+
+impl super::sealed::Sealed for Sqlite {}
+
+impl Backend for Sqlite {
+    type Statements = Statements;
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
+        "V1__distributed_lock.sql",
+        include_str!("../../migrations/sqlite/V1__distributed_lock.sql"),
+    )];
+
+    fn statements(table: &str) -> Statements {
+        Statements {
+            next_token: sqlite_sql(NEXT_TOKEN, table),
+            acquire: sqlite_sql(ACQUIRE, table),
+            release: sqlite_sql(RELEASE, table),
+            extend: sqlite_sql(EXTEND, table),
+            inspect: sqlite_sql(INSPECT, table),
+            reap: sqlite_sql(REAP, table),
+        }
+    }
+
+    async fn try_acquire(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<Acquired>, sqlx::Error> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let token: i64 = sqlx::query_scalar(audited(&sql.next_token))
+            .fetch_one(&mut *tx)
+            .await?;
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(modifier(lease_micros))
+            .bind(token)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+        }))
+    }
+
+    async fn release(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.release))
+            .bind(key)
+            .bind(owner)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn extend(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+        owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.extend))
+            .bind(key)
+            .bind(owner)
+            .bind(modifier(lease_micros))
+            .fetch_optional(pool)
+            .await
+    }
+
+    async fn inspect(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<Option<(String, i64, bool)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.inspect))
+            .bind(key)
+            .fetch_optional(pool)
+            .await
+    }
+
+    async fn reap_batch(
+        pool: &Pool<Self>,
+        sql: &Statements,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.reap))
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    fn contention(err: &sqlx::Error) -> Contention {
+        // SQLITE_BUSY and SQLITE_LOCKED with their extended codes: another writer.
+        let busy = db_code(err)
+            .and_then(|code| code.parse::<i32>().ok())
+            .map(|code| code & 0xff);
+        if matches!(busy, Some(5 | 6)) || is_unique_violation(err) {
+            Contention::LostRace
+        } else {
+            Contention::Failure
+        }
+    }
+
+    async fn lock_migrations(
+        conn: &mut PoolConnection<Self>,
+        _table: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut **conn).await?;
+        Ok(())
+    }
+
+    async fn unlock_migrations(
+        conn: &mut PoolConnection<Self>,
+        _table: &str,
+        commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        sqlx::query(end).execute(&mut **conn).await?;
+        Ok(())
+    }
+
+    scripts_and_history!();
+}

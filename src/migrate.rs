@@ -1,0 +1,86 @@
+//! The refinery adapter over a sqlx pool: refinery keeps the history table, checksums and
+//! ordering; this file only runs statements and reads the history back.
+
+use refinery::{Migration, Runner};
+use refinery_core::traits::r#async::{AsyncMigrate, AsyncQuery, AsyncTransaction};
+use sqlx::Pool;
+use sqlx::pool::PoolConnection;
+use time::OffsetDateTime;
+use time::format_description::well_known::Rfc3339;
+
+use crate::dialect::Backend;
+use crate::error::Result;
+
+/// One pooled connection seen through refinery's async traits.
+struct Adapter<'c, DB: Backend> {
+    conn: &'c mut PoolConnection<DB>,
+}
+
+impl<DB: Backend> AsyncTransaction for Adapter<'_, DB> {
+    type Error = sqlx::Error;
+
+    async fn execute<'a, T: Iterator<Item = &'a str> + Send + 'a>(
+        &'a mut self,
+        queries: T,
+    ) -> Result<usize, Self::Error> {
+        {
+            // One simple query: PostgreSQL runs it as one implicit transaction, so a
+            // migration and its history row commit together.
+            let statements: Vec<&str> = queries
+                .map(|q| q.trim().trim_end_matches(';'))
+                .filter(|q| !q.is_empty())
+                .collect();
+            DB::run_script(self.conn, &statements.join(";\n")).await?;
+            Ok(statements.len())
+        }
+    }
+}
+
+impl<DB: Backend> AsyncQuery<Vec<Migration>> for Adapter<'_, DB> {
+    async fn query<'a>(&'a mut self, query: &'a str) -> Result<Vec<Migration>, Self::Error> {
+        {
+            let rows = DB::history(self.conn, query).await?;
+            rows.into_iter()
+                .map(|(version, name, applied_on, checksum)| {
+                    let decode =
+                        |e: Box<dyn std::error::Error + Send + Sync>| sqlx::Error::Decode(e);
+                    let applied_on = OffsetDateTime::parse(&applied_on, &Rfc3339)
+                        .map_err(|e| decode(e.into()))?;
+                    let checksum = checksum.parse::<u64>().map_err(|e| decode(e.into()))?;
+                    let version = i32::try_from(version).map_err(|e| decode(e.into()))?;
+                    Ok(Migration::applied(version, name, applied_on, checksum))
+                })
+                .collect()
+        }
+    }
+}
+
+impl<DB: Backend> AsyncMigrate for Adapter<'_, DB> {}
+
+/// Applies the pending migrations for `table`, serialized across processes by the
+/// dialect's migration lock; returns how many were applied.
+pub(crate) async fn run<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<usize> {
+    let migrations = DB::MIGRATIONS
+        .iter()
+        .map(|(name, template)| Migration::unapplied(name, &template.replace("{table}", table)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut runner = Runner::new(&migrations);
+    runner.set_migration_table_name(format!("{table}_history"));
+
+    let mut conn = pool.acquire().await?;
+    // The migration lock is session-scoped: if this future is dropped half-way, the
+    // connection must not go back to the pool still holding it.
+    conn.close_on_drop();
+    DB::lock_migrations(&mut conn, table).await?;
+    let outcome = runner.run_async(&mut Adapter { conn: &mut conn }).await;
+    DB::unlock_migrations(&mut conn, table, outcome.is_ok()).await?;
+    let report = outcome?;
+    let applied = report.applied_migrations().len();
+    tracing::info!(
+        backend = <DB as sqlx::Database>::NAME,
+        table,
+        applied,
+        "dblock migrations applied"
+    );
+    Ok(applied)
+}
