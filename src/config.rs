@@ -27,6 +27,18 @@ pub const DEFAULT_RETRY_INITIAL: Duration = Duration::from_millis(10);
 /// Cap on any one retry sleep of a waiting acquire, before jitter.
 pub const DEFAULT_RETRY_MAX: Duration = Duration::from_millis(500);
 
+/// The lease [`Locker::lease`](crate::Locker::lease) suggests and the renewal interval
+/// is checked against (Redisson's watchdog default).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// How often the watchdog renews a held lease by default; a guard renews at
+/// `min(interval, lease / 3)`, so short leases are renewed often enough.
+pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a reaper started with [`ReaperConfig::default`](crate::ReaperConfig) runs.
+pub const DEFAULT_REAP_INTERVAL: Duration = Duration::from_secs(60);
+/// Rows deleted per reaper statement by default: bounded so a large backlog never holds
+/// many row locks at once.
+pub const DEFAULT_REAP_BATCH: u32 = 1000;
+
 /// How a waiting acquire spaces its attempts: exponential backoff with full jitter, each
 /// sleep a uniform draw from `[0, min(max, initial * 2^n)]`.
 ///

@@ -1,80 +1,42 @@
-//! [`LockGuard`]: a held lease. Explicit async release; drop as the documented fallback.
+//! [`LockGuard`]: a held lock. Explicit async release; drop as the documented fallback.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use tokio::time::Instant;
 
 use crate::config::{micros, validate_lease};
-use crate::dialect::{Acquired, Backend};
-use crate::error::{Error, Result};
-use crate::locker::Shared;
-
-/// Deletes `(key, owner)` in the background unless disarmed: covers every path where we
-/// may hold a row but no guard says so (a dropped acquire, a lost reply, a dropped guard).
-pub(crate) struct PendingRelease<DB: Backend> {
-    shared: Arc<Shared<DB>>,
-    key: String,
-    owner: String,
-    armed: bool,
-}
-
-impl<DB: Backend> PendingRelease<DB> {
-    pub(crate) fn arm(shared: Arc<Shared<DB>>, key: &str, owner: &str) -> Self {
-        PendingRelease {
-            shared,
-            key: key.to_owned(),
-            owner: owner.to_owned(),
-            armed: true,
-        }
-    }
-
-    pub(crate) fn disarm(mut self) {
-        self.armed = false;
-    }
-
-    pub(crate) fn into_guard(self, acquired: Acquired) -> LockGuard<DB> {
-        LockGuard {
-            fencing_token: acquired.fencing_token,
-            expires_at: Mutex::new(acquired.expires_at),
-            pending: self,
-        }
-    }
-}
-
-impl<DB: Backend> Drop for PendingRelease<DB> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %self.key, owner = %self.owner, "no tokio runtime: lock left to expire");
-            return;
-        };
-        let shared = Arc::clone(&self.shared);
-        let key = std::mem::take(&mut self.key);
-        let owner = std::mem::take(&mut self.owner);
-        runtime.spawn(async move {
-            match DB::release(&shared.pool, &shared.sql, &key, &owner).await {
-                Ok(deleted) => tracing::debug!(key, owner, deleted, "background release"),
-                Err(err) => tracing::warn!(key, owner, error = %err, "background release failed; the lease will expire"),
-            }
-        });
-    }
-}
+use crate::dialect::Backend;
+use crate::error::{Error, LostReason, Result};
+use crate::lease::Lease;
 
 /// A held lock. Release it with [`release`](Self::release).
 ///
+/// While the guard lives, its lease is renewed by a watchdog (unless renewal was turned
+/// off, see [`Locker::auto_renew`](crate::Locker::auto_renew)); [`lost`](Self::lost) tells
+/// when the lease is gone anyway.
+///
 /// # Drop
-/// Dropping a guard that was not released spawns an owner-checked delete on the current
-/// tokio runtime at once. That release is best effort and not awaited: if it cannot run
-/// (no runtime, database unreachable) the lease simply expires at
-/// [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
+/// Dropping a guard that was not released stops its watchdog and deletes the row in a task
+/// spawned at once on the current tokio runtime. That release is best effort and not
+/// awaited: if it cannot run (no runtime, database unreachable) the lease simply expires
+/// at [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
 #[must_use = "the lock is released as soon as the guard is dropped; keep it and call release().await"]
 pub struct LockGuard<DB: Backend> {
-    pending: PendingRelease<DB>,
-    fencing_token: i64,
-    expires_at: Mutex<DateTime<Utc>>,
+    lease: Arc<Lease<DB>>,
+    hold: Hold,
+}
+
+/// Where a guard is in giving its hold back; decides what its drop must still do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Holding: a drop gives the hold back and, if it was the last, ends the lease.
+    Held,
+    /// `release` gave the hold back and is ending the lease: a drop finishes that.
+    Ending,
+    /// Nothing left to do.
+    Done,
 }
 
 impl<DB: Backend> std::fmt::Debug for LockGuard<DB> {
@@ -82,84 +44,105 @@ impl<DB: Backend> std::fmt::Debug for LockGuard<DB> {
         f.debug_struct("LockGuard")
             .field("key", &self.key())
             .field("owner", &self.owner())
-            .field("fencing_token", &self.fencing_token)
+            .field("fencing_token", &self.fencing_token())
             .field("expires_at", &self.expires_at())
             .finish()
     }
 }
 
 impl<DB: Backend> LockGuard<DB> {
+    pub(crate) fn new(lease: Arc<Lease<DB>>) -> Self {
+        LockGuard {
+            lease,
+            hold: Hold::Held,
+        }
+    }
+
+    pub(crate) fn lease(&self) -> &Arc<Lease<DB>> {
+        &self.lease
+    }
+
     /// The locked key.
     pub fn key(&self) -> &str {
-        &self.pending.key
+        &self.lease.key
     }
 
     /// This acquisition's owner value, as stored in `lock_value`.
     pub fn owner(&self) -> &str {
-        &self.pending.owner
+        &self.lease.owner
     }
 
     /// The fencing token: strictly greater than every token issued before for this key,
     /// across release, takeover, deletion and server restart. Pass it to the resource you
     /// protect so it can refuse writes from a holder whose lease has ended.
     pub fn fencing_token(&self) -> i64 {
-        self.fencing_token
+        self.lease.fencing_token
     }
 
-    /// When the lease ends, as the database computed it from its own clock.
+    /// When the lease ends, as the database last computed it from its own clock (moves
+    /// forward with every renewal).
     pub fn expires_at(&self) -> DateTime<Utc> {
-        *self.expires_at.lock().unwrap_or_else(|e| e.into_inner())
+        self.lease.expires_at()
+    }
+
+    /// Why the lease was lost, if it was; `None` while it is held.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.lease.lost_reason()
+    }
+
+    /// Completes with the reason when the lease is lost: the row expired, was taken over
+    /// or deleted, or the database stayed unreachable until the lease's deadline. Fires
+    /// within one renewal interval of the loss. Pending forever while the lease is held.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only watches.
+    pub async fn lost(&self) -> LostReason {
+        self.lease.lost().await
     }
 
     /// Sets the lease to end `lease` from now (database clock), if the row is still ours
-    /// and unexpired; returns the new expiry. [`Error::NotHeld`] when it is not (nothing
-    /// is changed then).
+    /// and unexpired; returns the new expiry. [`Error::NotHeld`] when it is not (nothing is
+    /// changed then). The watchdog keeps renewing with the lease it was started with.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the lease was either extended or left as it was.
     pub async fn extend(&self, lease: Duration) -> Result<DateTime<Utc>> {
         validate_lease(lease)?;
-        let shared = &self.pending.shared;
-        match DB::extend(
-            &shared.pool,
-            &shared.sql,
-            self.key(),
-            self.owner(),
-            micros(lease),
-        )
-        .await?
-        {
+        let shared = &self.lease.shared;
+        let sent_at = Instant::now();
+        match DB::extend(&shared.pool, &shared.sql, self.lease.id(), micros(lease)).await? {
             Some(expires_at) => {
-                *self.expires_at.lock().unwrap_or_else(|e| e.into_inner()) = expires_at;
+                self.lease.renewed(expires_at, sent_at, lease);
                 Ok(expires_at)
             }
             None => Err(self.not_held()),
         }
     }
 
-    /// Deletes the row if it is still ours. [`Error::NotHeld`] when it is not: it expired
-    /// and was taken over, or was deleted; nothing else is deleted then.
+    /// Stops renewal, waits for it, then deletes the row if it is still ours.
+    /// [`Error::NotHeld`] when it is not: it expired and was taken over, or was deleted;
+    /// nothing else is deleted then. A nested guard of a reentrant [`Owner`](crate::Owner)
+    /// only gives up its hold; the row goes with the last one.
     ///
     /// # Cancel safety
-    /// If the future is dropped before the database answered, the guard's drop spawns the
-    /// same release in the background.
+    /// If the future is dropped before the database answered, the guard's drop finishes
+    /// the release in the background.
     pub async fn release(mut self) -> Result<()> {
-        let shared = Arc::clone(&self.pending.shared);
-        let outcome = DB::release(&shared.pool, &shared.sql, self.key(), self.owner()).await;
-        if let Err(err) = outcome {
-            // Leave the drop armed: it tries once more in the background.
-            return Err(err.into());
+        if !self.lease.unnest() {
+            self.hold = Hold::Done;
+            return Ok(());
         }
-        self.pending.armed = false;
-        tracing::debug!(
-            key = self.key(),
-            owner = self.owner(),
-            fencing_token = self.fencing_token,
-            "lock released"
-        );
+        self.hold = Hold::Ending;
+        let outcome = self.lease.end().await;
+        self.hold = Hold::Done;
         match outcome {
             Ok(true) => Ok(()),
-            _ => Err(self.not_held()),
+            Ok(false) => Err(self.not_held()),
+            Err(err) => {
+                // Try once more in the background; the lease expires if that fails too.
+                spawn_end(Arc::clone(&self.lease));
+                Err(err.into())
+            }
         }
     }
 
@@ -169,4 +152,29 @@ impl<DB: Backend> LockGuard<DB> {
             owner: self.owner().to_owned(),
         }
     }
+}
+
+impl<DB: Backend> Drop for LockGuard<DB> {
+    fn drop(&mut self) {
+        let last_hold = match self.hold {
+            Hold::Held => self.lease.unnest(),
+            Hold::Ending => true,
+            Hold::Done => false,
+        };
+        if last_hold {
+            spawn_end(Arc::clone(&self.lease));
+        }
+    }
+}
+
+fn spawn_end<DB: Backend>(lease: Arc<Lease<DB>>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(key = %lease.key, owner = %lease.owner, "no tokio runtime: lock left to expire");
+        return;
+    };
+    runtime.spawn(async move {
+        if let Err(err) = lease.end().await {
+            tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+        }
+    });
 }

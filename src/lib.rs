@@ -6,17 +6,25 @@ mod config;
 mod dialect;
 mod error;
 mod guard;
+mod lease;
 mod locker;
 mod migrate;
+mod owner;
+mod reaper;
+mod stats;
 
 pub use config::{
+    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RENEW_INTERVAL,
     DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, MAX_KEY_BYTES, MAX_LEASE,
     MAX_OWNER_PREFIX_BYTES, MAX_TABLE_NAME_BYTES, MAX_WAIT, MIN_LEASE, RetryPolicy,
 };
-pub use dialect::Backend;
+pub use dialect::{Backend, LockId};
 pub use error::{Error, LostReason, Result};
 pub use guard::LockGuard;
 pub use locker::{Holder, Locker, LockerBuilder};
+pub use owner::Owner;
+pub use reaper::{ReaperConfig, ReaperHandle};
+pub use stats::Stats;
 
 #[cfg(feature = "mysql")]
 pub use sqlx::MySql;

@@ -1,19 +1,25 @@
 //! [`Locker`]: the entry point. Validates input, runs the acquire loop, and hands out
 //! guards. The SQL itself lives in the dialects.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Pool;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::config::{
-    DEFAULT_TABLE, RetryPolicy, micros, validate_key, validate_lease, validate_owner_prefix,
-    validate_table_name, validate_wait,
+    DEFAULT_LEASE, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MIN_LEASE, RetryPolicy, micros,
+    validate_key, validate_lease, validate_owner_prefix, validate_range, validate_table_name,
+    validate_wait,
 };
-use crate::dialect::{Backend, Contention};
+use crate::dialect::{Backend, Contention, LockId};
 use crate::error::{Error, Result};
-use crate::guard::{LockGuard, PendingRelease};
+use crate::guard::LockGuard;
+use crate::lease::Lease;
+use crate::owner::Owner;
+use crate::stats::{Counters, Stats};
 
 /// What a [`Locker`] shares with its clones, guards and background tasks.
 pub(crate) struct Shared<DB: Backend> {
@@ -22,21 +28,26 @@ pub(crate) struct Shared<DB: Backend> {
     pub(crate) table: String,
     pub(crate) owner_prefix: String,
     pub(crate) retry: RetryPolicy,
+    pub(crate) default_lease: Duration,
+    pub(crate) renew_interval: Duration,
+    pub(crate) counters: Counters,
 }
 
-/// Hands out leases on keys in one lock table. Cheap to clone: clones share the pool and
-/// the prepared statement text.
+/// Hands out leases on keys in one lock table. Cheap to clone: clones share the pool, the
+/// statement text and the counters.
 ///
 /// Build it from the application's own pool with [`Locker::new`], or with
-/// [`Locker::builder`] to change the table name, owner prefix or retry policy.
+/// [`Locker::builder`] to change the defaults.
 pub struct Locker<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
+    auto_renew: bool,
 }
 
 impl<DB: Backend> Clone for Locker<DB> {
     fn clone(&self) -> Self {
         Locker {
             shared: Arc::clone(&self.shared),
+            auto_renew: self.auto_renew,
         }
     }
 }
@@ -46,6 +57,7 @@ impl<DB: Backend> std::fmt::Debug for Locker<DB> {
         f.debug_struct("Locker")
             .field("backend", &<DB as sqlx::Database>::NAME)
             .field("table", &self.shared.table)
+            .field("auto_renew", &self.auto_renew)
             .finish_non_exhaustive()
     }
 }
@@ -68,6 +80,9 @@ pub struct LockerBuilder<DB: Backend> {
     table: String,
     owner_prefix: String,
     retry: RetryPolicy,
+    default_lease: Duration,
+    renew_interval: Duration,
+    auto_renew: bool,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -85,9 +100,31 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
-    /// How [`Locker::acquire`] spaces its attempts. Default: [`RetryPolicy::default`].
+    /// How [`Locker::acquire`] spaces its attempts and a watchdog its retries.
+    /// Default: [`RetryPolicy::default`].
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
+        self
+    }
+
+    /// The lease [`Locker::lease`] returns for callers without an opinion.
+    /// Default: [`DEFAULT_LEASE`] (30 s). Must be at least twice the renew interval.
+    pub fn default_lease(mut self, lease: Duration) -> Self {
+        self.default_lease = lease;
+        self
+    }
+
+    /// How often the watchdog renews a held lease; each guard renews every
+    /// `min(interval, its lease / 3)`. Default: [`DEFAULT_RENEW_INTERVAL`] (10 s).
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = interval;
+        self
+    }
+
+    /// Whether guards are renewed by a watchdog. Default: `true`. Can also be changed per
+    /// acquisition with [`Locker::auto_renew`].
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.auto_renew = on;
         self
     }
 
@@ -96,6 +133,13 @@ impl<DB: Backend> LockerBuilder<DB> {
         validate_table_name(&self.table)?;
         validate_owner_prefix(&self.owner_prefix)?;
         self.retry.validate()?;
+        validate_lease(self.default_lease)?;
+        validate_range(
+            "renew interval",
+            self.renew_interval,
+            MIN_LEASE,
+            self.default_lease / 2,
+        )?;
         Ok(Locker {
             shared: Arc::new(Shared {
                 sql: DB::statements(&self.table),
@@ -103,7 +147,11 @@ impl<DB: Backend> LockerBuilder<DB> {
                 table: self.table,
                 owner_prefix: self.owner_prefix,
                 retry: self.retry,
+                default_lease: self.default_lease,
+                renew_interval: self.renew_interval,
+                counters: Counters::default(),
             }),
+            auto_renew: self.auto_renew,
         })
     }
 }
@@ -123,6 +171,9 @@ impl<DB: Backend> Locker<DB> {
             table: DEFAULT_TABLE.to_owned(),
             owner_prefix: String::new(),
             retry: RetryPolicy::default(),
+            default_lease: DEFAULT_LEASE,
+            renew_interval: DEFAULT_RENEW_INTERVAL,
+            auto_renew: true,
         }
     }
 
@@ -134,6 +185,32 @@ impl<DB: Backend> Locker<DB> {
     /// The lock table's name.
     pub fn table(&self) -> &str {
         &self.shared.table
+    }
+
+    /// The configured default lease ([`DEFAULT_LEASE`] unless the builder changed it).
+    pub fn lease(&self) -> Duration {
+        self.shared.default_lease
+    }
+
+    /// A clone of this locker whose acquisitions are (or are not) renewed by a watchdog.
+    /// Without renewal a guard's lease simply ends at [`LockGuard::expires_at`] unless
+    /// extended by hand, and [`LockGuard::lost`] fires `Expired` then.
+    pub fn auto_renew(&self, on: bool) -> Locker<DB> {
+        Locker {
+            auto_renew: on,
+            ..self.clone()
+        }
+    }
+
+    /// The counters of this locker and its clones.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// A reentrant owner identity: guards it acquires for a key it already holds nest
+    /// instead of waiting for themselves. See [`Owner`].
+    pub fn owner(&self) -> Owner<DB> {
+        Owner::new(self.clone(), self.new_owner())
     }
 
     /// Creates or upgrades the lock table (refinery migrations, history in
@@ -158,9 +235,9 @@ impl<DB: Backend> Locker<DB> {
     /// [`Error::Database`].
     ///
     /// # Cancel safety
-    /// Cancel safe: if the future is dropped after the database committed the acquisition,
-    /// an owner-checked delete of that row is spawned at once, so no lock is left held by
-    /// nobody (it needs a tokio runtime; without one the lease simply expires).
+    /// Cancel safe. The statement runs in a task of its own; if this future is dropped at
+    /// any point, a lock that the database granted is released at once by that task, so
+    /// no row is left held by nobody.
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
@@ -170,6 +247,7 @@ impl<DB: Backend> Locker<DB> {
     /// Takes `key` for `lease`, retrying with exponential backoff and full jitter (see
     /// [`RetryPolicy`]) until `wait` has passed, then fails with [`Error::Timeout`]. Holds
     /// no pool connection while it sleeps. `wait` of zero makes a single attempt.
+    /// Database errors end the wait at once: an outage is not contention.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`try_acquire`](Self::try_acquire).
@@ -182,36 +260,21 @@ impl<DB: Backend> Locker<DB> {
         validate_key(key)?;
         validate_lease(lease)?;
         validate_wait(wait)?;
-        let started = Instant::now();
-        let deadline = started + wait;
         let owner = self.new_owner();
-        let mut delays = self.shared.retry.delays();
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            if let Some(guard) = self.attempt(key, &owner, lease).await? {
-                return Ok(guard);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    key: key.to_owned(),
-                    waited: now - started,
-                    attempts,
-                });
-            }
-            let delay = delays.next().unwrap_or_default().min(deadline - now);
-            tokio::time::sleep(delay).await;
-        }
+        self.retry_until(key, wait, || self.attempt(key, &owner, lease))
+            .await
     }
 
     /// Acquires `key` (waiting up to `wait`), runs `work` with the guard, and releases the
-    /// lock whether `work` succeeded or not. Returns what `work` returned, or
-    /// [`Error::NotHeld`] if the lease was lost before the release.
+    /// lock whether `work` succeeded or not. Returns what `work` returned.
+    ///
+    /// If the lease is lost while `work` runs, `work`'s future is dropped at its next
+    /// await point and [`Error::LockLost`] carries the reason. [`Error::NotHeld`] means the
+    /// lease ended between `work`'s end and the release.
     ///
     /// # Cancel safety
-    /// Dropping the future drops the guard, whose lock is then released in the background
-    /// (see [`LockGuard`]).
+    /// Dropping the future drops `work` and the guard, whose lock is then released in the
+    /// background (see [`LockGuard`]).
     pub async fn with_lock<T>(
         &self,
         key: &str,
@@ -220,9 +283,25 @@ impl<DB: Backend> Locker<DB> {
         work: impl AsyncFnOnce(&LockGuard<DB>) -> T,
     ) -> Result<T> {
         let guard = self.acquire(key, lease, wait).await?;
-        let output = work(&guard).await;
-        guard.release().await?;
-        Ok(output)
+        let outcome = tokio::select! {
+            biased;
+            reason = guard.lost() => Err(reason),
+            output = work(&guard) => Ok(output),
+        };
+        match outcome {
+            Ok(output) => {
+                guard.release().await?;
+                Ok(output)
+            }
+            Err(reason) => {
+                // The row is no longer ours; this only stops the watchdog and tidies up.
+                guard.release().await.ok();
+                Err(Error::LockLost {
+                    key: key.to_owned(),
+                    reason,
+                })
+            }
+        }
     }
 
     /// Who holds `key` now, or `None` when there is no row.
@@ -248,37 +327,97 @@ impl<DB: Backend> Locker<DB> {
         )
     }
 
-    /// One acquisition attempt with an owner value chosen by the caller.
-    async fn attempt(
+    /// Calls `attempt` until it wins or `wait` has passed, sleeping between attempts.
+    pub(crate) async fn retry_until<F, Fut>(
+        &self,
+        key: &str,
+        wait: Duration,
+        mut attempt: F,
+    ) -> Result<LockGuard<DB>>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Option<LockGuard<DB>>>>,
+    {
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut delays = self.shared.retry.delays();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            if let Some(guard) = attempt().await? {
+                return Ok(guard);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout {
+                    key: key.to_owned(),
+                    waited: now - started,
+                    attempts,
+                });
+            }
+            let delay = delays.next().unwrap_or_default().min(deadline - now);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// One acquisition attempt with an owner value chosen by the caller (validated input).
+    pub(crate) async fn attempt(
         &self,
         key: &str,
         owner: &str,
         lease: Duration,
     ) -> Result<Option<LockGuard<DB>>> {
-        let shared = &self.shared;
-        // Armed before the statement is sent: if we are dropped or the reply is lost, it
-        // deletes whatever row this owner may have committed.
-        let pending = PendingRelease::arm(Arc::clone(shared), key, owner);
-        match DB::try_acquire(&shared.pool, &shared.sql, key, owner, micros(lease)).await {
-            Ok(Some(acquired)) => {
-                tracing::debug!(
-                    key,
-                    owner,
-                    fencing_token = acquired.fencing_token,
-                    "lock acquired"
-                );
-                Ok(Some(pending.into_guard(acquired)))
-            }
-            Ok(None) => {
-                pending.disarm();
-                Ok(None)
-            }
-            Err(err) if DB::contention(&err) == Contention::LostRace => {
-                tracing::trace!(key, error = %err, "lost an acquisition race");
-                pending.disarm();
-                Ok(None)
-            }
-            Err(err) => Err(err.into()),
-        }
+        let shared = Arc::clone(&self.shared);
+        let renew = self
+            .auto_renew
+            .then(|| shared.renew_interval.min(lease / 3));
+        let (key, owner) = (key.to_owned(), owner.to_owned());
+        let (reply, answer) = oneshot::channel();
+        // The statement runs to completion in its own task even if the caller goes away.
+        // A won lock travels back as a guard: if the caller is gone, the guard is dropped
+        // right here and releases it.
+        tokio::spawn(async move {
+            Counters::bump(&shared.counters.attempts);
+            let sent_at = Instant::now();
+            let outcome =
+                DB::try_acquire(&shared.pool, &shared.sql, &key, &owner, micros(lease)).await;
+            let outcome = match outcome {
+                Ok(Some(acquired)) => {
+                    Counters::bump(&shared.counters.acquired);
+                    tracing::debug!(key, owner, fencing_token = acquired.fencing_token, expires_at = %acquired.expires_at, "lock acquired");
+                    let lease = Lease::start(shared, key, owner, acquired, lease, sent_at, renew);
+                    Ok(Some(LockGuard::new(lease)))
+                }
+                Ok(None) => Ok(None),
+                Err(err) if DB::contention(&err) == Contention::LostRace => {
+                    tracing::trace!(key, error = %err, "lost an acquisition race");
+                    Ok(None)
+                }
+                Err(err) => {
+                    // The reply was lost, not necessarily the statement: remove a row this
+                    // owner may have committed.
+                    release_if_owned(&shared, &key, &owner).await;
+                    Err(Error::from(err))
+                }
+            };
+            drop(reply.send(outcome));
+        });
+        answer
+            .await
+            .unwrap_or(Err(Error::Database(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+/// Best effort, after an acquisition whose outcome is unknown.
+async fn release_if_owned<DB: Backend>(shared: &Shared<DB>, key: &str, owner: &str) {
+    if let Ok(Some((holder, fencing_token, _))) = DB::inspect(&shared.pool, &shared.sql, key).await
+        && holder == owner
+    {
+        let id = LockId {
+            key,
+            owner,
+            fencing_token,
+        };
+        let _ = DB::release(&shared.pool, &shared.sql, id).await;
     }
 }

@@ -66,6 +66,19 @@ pub struct Acquired {
     pub expires_at: DateTime<Utc>,
 }
 
+/// The row a guard holds: key, owner value and the fencing token it was written with.
+/// Checking the token too means a stale guard of a reused owner value (reentrant
+/// [`Owner`](crate::Owner)) can never touch a newer acquisition.
+#[derive(Debug, Clone, Copy)]
+pub struct LockId<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The owner value.
+    pub owner: &'a str,
+    /// The fencing token of this acquisition.
+    pub fencing_token: i64,
+}
+
 /// How an error seen while acquiring is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contention {
@@ -104,23 +117,21 @@ pub trait Backend: Database + sealed::Sealed {
         lease_micros: i64,
     ) -> impl Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send;
 
-    /// Owner-checked delete; `true` when our row was deleted.
+    /// Owner- and token-checked delete; `true` when our row was deleted.
     #[doc(hidden)]
     fn release(
         pool: &Pool<Self>,
         sql: &Self::Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
-    /// Owner-checked extension of a live lease; the new expiry, or `None` when the row is
-    /// no longer ours or already expired.
+    /// Owner- and token-checked extension of a live lease (never an upsert: it cannot take
+    /// a lock back); the new expiry, or `None` when the row is no longer ours or expired.
     #[doc(hidden)]
     fn extend(
         pool: &Pool<Self>,
         sql: &Self::Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
         lease_micros: i64,
     ) -> impl Future<Output = Result<Option<DateTime<Utc>>, sqlx::Error>> + Send;
 

@@ -12,7 +12,7 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, Pool};
 
-use super::{Acquired, Backend, Contention, Sql, audited, is_unique_violation, sql};
+use super::{Acquired, Backend, Contention, LockId, Sql, audited, is_unique_violation, sql};
 
 /// MySQL's statements for one table.
 #[doc(hidden)]
@@ -40,7 +40,8 @@ ON DUPLICATE KEY UPDATE
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
 
-const RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ?";
+const RELEASE: &str =
+    "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ? AND fencing_token = ?";
 
 // The second assignment changes nothing; it only hands the new expiry (microseconds since
 // the epoch, session time zone UTC as sqlx sets it) to the OK packet.
@@ -49,7 +50,7 @@ UPDATE {table}
    SET expire_time = NOW(6) + INTERVAL ? MICROSECOND,
        acquired_at = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expire_time)) > 0,
                         acquired_at, acquired_at)
- WHERE lock_key = ? AND lock_value = ? AND expire_time > NOW(6)";
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
 
 const INSPECT: &str = "\
 SELECT lock_value, fencing_token, CAST(expire_time <= NOW(6) AS SIGNED)
@@ -124,12 +125,12 @@ impl Backend for MySql {
     async fn release(
         pool: &Pool<Self>,
         sql: &Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(audited(&sql.release))
-            .bind(key)
-            .bind(owner)
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -138,14 +139,14 @@ impl Backend for MySql {
     async fn extend(
         pool: &Pool<Self>,
         sql: &Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
         lease_micros: i64,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         let done = sqlx::query(audited(&sql.extend))
             .bind(lease_micros)
-            .bind(key)
-            .bind(owner)
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
             .execute(pool)
             .await?;
         if done.rows_affected() != 1 {

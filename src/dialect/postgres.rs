@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Postgres};
 
-use super::{Acquired, Backend, Contention, Sql, audited, db_code, sql};
+use super::{Acquired, Backend, Contention, LockId, Sql, audited, db_code, sql};
 
 /// PostgreSQL's statements for one table.
 #[doc(hidden)]
@@ -38,11 +38,13 @@ ON CONFLICT (lock_key) DO UPDATE
  WHERE held.expire_time <= clock_timestamp()
 RETURNING fencing_token, expire_time";
 
-const RELEASE: &str = "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2";
+const RELEASE: &str =
+    "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3";
 
 const EXTEND: &str = "\
 UPDATE {table} SET expire_time = clock_timestamp() + $3::bigint * INTERVAL '1 microsecond'
- WHERE lock_key = $1 AND lock_value = $2 AND expire_time > clock_timestamp()
+ WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $4
+   AND expire_time > clock_timestamp()
 RETURNING expire_time";
 
 const INSPECT: &str = "\
@@ -102,12 +104,12 @@ impl Backend for Postgres {
     async fn release(
         pool: &Pool<Self>,
         sql: &Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(audited(&sql.release))
-            .bind(key)
-            .bind(owner)
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -116,14 +118,14 @@ impl Backend for Postgres {
     async fn extend(
         pool: &Pool<Self>,
         sql: &Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
         lease_micros: i64,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         sqlx::query_scalar(audited(&sql.extend))
-            .bind(key)
-            .bind(owner)
+            .bind(lock.key)
+            .bind(lock.owner)
             .bind(lease_micros)
+            .bind(lock.fencing_token)
             .fetch_optional(pool)
             .await
     }

@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Sqlite};
 
-use super::{Acquired, Backend, Contention, Sql, audited, db_code, is_unique_violation, sql};
+use super::{
+    Acquired, Backend, Contention, LockId, Sql, audited, db_code, is_unique_violation, sql,
+};
 
 /// SQLite's statements for one table.
 #[doc(hidden)]
@@ -39,11 +41,12 @@ ON CONFLICT (lock_key) DO UPDATE
  WHERE {table}.expire_time <= {now}
 RETURNING fencing_token, expire_time";
 
-const RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2";
+const RELEASE: &str =
+    "DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3";
 
 const EXTEND: &str = "\
 UPDATE {table} SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)
- WHERE lock_key = ?1 AND lock_value = ?2 AND expire_time > {now}
+ WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?4 AND expire_time > {now}
 RETURNING expire_time";
 
 const INSPECT: &str =
@@ -114,12 +117,12 @@ impl Backend for Sqlite {
     async fn release(
         pool: &Pool<Self>,
         sql: &Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
         let done = sqlx::query(audited(&sql.release))
-            .bind(key)
-            .bind(owner)
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -128,14 +131,14 @@ impl Backend for Sqlite {
     async fn extend(
         pool: &Pool<Self>,
         sql: &Statements,
-        key: &str,
-        owner: &str,
+        lock: LockId<'_>,
         lease_micros: i64,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
         sqlx::query_scalar(audited(&sql.extend))
-            .bind(key)
-            .bind(owner)
+            .bind(lock.key)
+            .bind(lock.owner)
             .bind(modifier(lease_micros))
+            .bind(lock.fencing_token)
             .fetch_optional(pool)
             .await
     }

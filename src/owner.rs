@@ -1,0 +1,125 @@
+//! [`Owner`]: a reentrant identity, so a holder can take a key it already holds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use crate::config::{validate_key, validate_lease, validate_wait};
+use crate::dialect::Backend;
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::lease::Lease;
+use crate::locker::Locker;
+
+/// One lock-holding identity with a fixed owner value, like a thread in Redisson.
+///
+/// # The model
+/// Every acquisition through a plain [`Locker`] uses a fresh owner value, so a task that
+/// asks twice for a key it holds waits for itself. An `Owner` keeps one owner value: when
+/// it asks for a key it already holds, it gets a *nested* guard at once, without a
+/// database round trip, sharing the first guard's row, fencing token, lease and watchdog.
+/// The row is deleted only when the last of those guards is released (or dropped), in
+/// whatever order. Any other owner (another `Owner`, a plain `Locker`, a plain-SQL
+/// client) stays excluded throughout.
+///
+/// A nested acquisition does not change the lease: the first acquisition's lease and
+/// renewal apply. If that lease was lost, the next acquisition goes to the database again.
+/// Clones of an `Owner` are the same identity: share one between tasks only if they may
+/// nest each other's locks. The owner's first acquisitions are made one at a time.
+pub struct Owner<DB: Backend> {
+    locker: Locker<DB>,
+    value: Arc<str>,
+    held: Arc<Mutex<HashMap<String, Weak<Lease<DB>>>>>,
+    /// Makes "not held yet, ask the database" atomic per owner: two tasks of one owner
+    /// racing for the same key must not both go to the database with the same value.
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<DB: Backend> Clone for Owner<DB> {
+    fn clone(&self) -> Self {
+        Owner {
+            locker: self.locker.clone(),
+            value: Arc::clone(&self.value),
+            held: Arc::clone(&self.held),
+            gate: Arc::clone(&self.gate),
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Owner<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Owner")
+            .field("value", &self.value)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<DB: Backend> Owner<DB> {
+    pub(crate) fn new(locker: Locker<DB>, value: String) -> Self {
+        Owner {
+            locker,
+            value: value.into(),
+            held: Arc::default(),
+            gate: Arc::default(),
+        }
+    }
+
+    /// The owner value written to `lock_value` by this identity.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// As [`Locker::try_acquire`], but a key this owner already holds is granted at once
+    /// as a nested guard.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Locker::try_acquire`].
+    pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
+        validate_key(key)?;
+        validate_lease(lease)?;
+        self.attempt(key, lease).await
+    }
+
+    /// As [`Locker::acquire`], but a key this owner already holds is granted at once as a
+    /// nested guard.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Locker::try_acquire`].
+    pub async fn acquire(
+        &self,
+        key: &str,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<LockGuard<DB>> {
+        validate_key(key)?;
+        validate_lease(lease)?;
+        validate_wait(wait)?;
+        self.locker
+            .retry_until(key, wait, || self.attempt(key, lease))
+            .await
+    }
+
+    async fn attempt(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
+        if let Some(nested) = self.nest(key) {
+            return Ok(Some(nested));
+        }
+        let _one_at_a_time = self.gate.lock().await;
+        if let Some(nested) = self.nest(key) {
+            return Ok(Some(nested));
+        }
+        let guard = self.locker.attempt(key, &self.value, lease).await?;
+        if let Some(guard) = &guard {
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            held.retain(|_, lease| lease.strong_count() > 0);
+            held.insert(key.to_owned(), Arc::downgrade(guard.lease()));
+        }
+        Ok(guard)
+    }
+
+    /// A nested guard on a lease this owner still holds.
+    fn nest(&self, key: &str) -> Option<LockGuard<DB>> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let lease = held.get(key)?.upgrade()?;
+        lease.nest().then(|| LockGuard::new(lease))
+    }
+}

@@ -1,0 +1,52 @@
+//! Counters a [`Locker`](crate::Locker) keeps for operators and tests.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// A snapshot of a locker's counters (shared by its clones, guards and tasks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Acquisition statements sent (`try_acquire` calls and `acquire` retries).
+    pub attempts: u64,
+    /// Acquisitions won.
+    pub acquired: u64,
+    /// Rows released by this locker's guards (explicitly or on drop).
+    pub released: u64,
+    /// Renewal statements sent by watchdogs (counted before they are sent).
+    pub renewals: u64,
+    /// Renewal statements that failed and were retried.
+    pub renewal_errors: u64,
+    /// Leases reported lost through [`LockGuard::lost`](crate::LockGuard::lost).
+    pub lost: u64,
+    /// Expired rows deleted by [`reap_expired`](crate::Locker::reap_expired) and reapers.
+    pub reaped: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) attempts: AtomicU64,
+    pub(crate) acquired: AtomicU64,
+    pub(crate) released: AtomicU64,
+    pub(crate) renewals: AtomicU64,
+    pub(crate) renewal_errors: AtomicU64,
+    pub(crate) lost: AtomicU64,
+    pub(crate) reaped: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        Stats {
+            attempts: self.attempts.load(Relaxed),
+            acquired: self.acquired.load(Relaxed),
+            released: self.released.load(Relaxed),
+            renewals: self.renewals.load(Relaxed),
+            renewal_errors: self.renewal_errors.load(Relaxed),
+            lost: self.lost.load(Relaxed),
+            reaped: self.reaped.load(Relaxed),
+        }
+    }
+}
