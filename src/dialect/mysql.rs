@@ -74,6 +74,33 @@ fn error_number(err: &sqlx::Error) -> Option<u16> {
     }
 }
 
+/// How many times an owner-checked write is repeated after InnoDB rolled it back as a
+/// deadlock victim (see [`retry_deadlocks`]).
+const DEADLOCK_RETRIES: u32 = 10;
+
+/// Runs an owner-checked write (release, extend) again when InnoDB picked it as a deadlock
+/// victim. A competing acquire's upsert takes a shared lock on the row for its duplicate
+/// check and then asks for an exclusive one; our write queued for its exclusive lock in
+/// between, so the two wait on each other and InnoDB rolls back the smaller transaction:
+/// ours. The rolled-back statement changed nothing, so repeating it is safe.
+async fn retry_deadlocks<T, F>(mut run: impl FnMut() -> F) -> Result<T, sqlx::Error>
+where
+    F: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut retries = 0;
+    loop {
+        match run().await {
+            Err(err)
+                if retries < DEADLOCK_RETRIES && error_number(&err) == Some(ER_LOCK_DEADLOCK) =>
+            {
+                retries += 1;
+                tracing::trace!(error = %err, retries, "owner-checked write was a deadlock victim");
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 impl super::sealed::Sealed for MySql {}
 
 impl Backend for MySql {
@@ -127,11 +154,13 @@ impl Backend for MySql {
         key: &str,
         owner: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.release))
-            .bind(key)
-            .bind(owner)
-            .execute(pool)
-            .await?;
+        let done = retry_deadlocks(|| {
+            sqlx::query(audited(&sql.release))
+                .bind(key)
+                .bind(owner)
+                .execute(pool)
+        })
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -142,12 +171,14 @@ impl Backend for MySql {
         owner: &str,
         lease_micros: i64,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.extend))
-            .bind(lease_micros)
-            .bind(key)
-            .bind(owner)
-            .execute(pool)
-            .await?;
+        let done = retry_deadlocks(|| {
+            sqlx::query(audited(&sql.extend))
+                .bind(lease_micros)
+                .bind(key)
+                .bind(owner)
+                .execute(pool)
+        })
+        .await?;
         if done.rows_affected() != 1 {
             return Ok(None);
         }
