@@ -2,7 +2,8 @@
 //!
 //! Every held lease has one monitor task. With renewal on, it sends an owner- and
 //! token-checked `UPDATE` every `min(interval, lease / 3)`; a failed statement is retried
-//! with backoff until the lease's own deadline, and only then is the lease declared lost.
+//! with backoff until the lease's own deadline, and only then is the lease declared lost
+//! (a statement still in flight at the deadline is abandoned then).
 //! With renewal off, it only fires `Expired` at the deadline. Ending a lease stops the
 //! monitor and waits for it before the `DELETE`: the monitor never abandons a statement
 //! half-way, so no renewal reaches the database after the release.
@@ -205,7 +206,13 @@ impl<DB: Backend> Lease<DB> {
             }
             // Counted before sending: after `end()` returns, this counter never moves.
             Counters::bump(&shared.counters.renewals);
-            match DB::extend(&shared.pool, &shared.sql, self.id(), micros(self.length)).await {
+            // Bounded by the deadline: a statement stuck in a dead connection (or a pool
+            // waiting to connect) must not keep `lost()` from firing when the lease ends.
+            let extend = DB::extend(&shared.pool, &shared.sql, self.id(), micros(self.length));
+            let outcome = tokio::time::timeout_at(self.deadline(), extend)
+                .await
+                .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+            match outcome {
                 Ok(Some(expires_at)) => {
                     self.renewed(expires_at, sent_at, self.length);
                     tracing::trace!(key = %self.key, owner = %self.owner, fencing_token = self.fencing_token, %expires_at, "lease renewed");

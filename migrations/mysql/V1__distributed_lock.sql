@@ -15,9 +15,11 @@ INSERT IGNORE INTO {table}_fencing (bucket, last_token) VALUES
 
 -- TIMESTAMP (not DATETIME) so that a plain-SQL client writing NOW() + INTERVAL 30 SECOND
 -- in any session time zone stores the right instant. Explicit defaults keep MySQL from
--- adding ON UPDATE CURRENT_TIMESTAMP to them. Binary collation: keys are exact bytes.
+-- adding ON UPDATE CURRENT_TIMESTAMP to them. Keys are exact bytes: VARBINARY, because
+-- every utf8mb4 collation both servers share (utf8mb4_bin too) is PAD SPACE, where 'a' and
+-- 'a ' are one primary key.
 CREATE TABLE IF NOT EXISTS {table} (
-    lock_key      VARCHAR(128) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+    lock_key      VARBINARY(128) NOT NULL,
     lock_value    VARCHAR(64)  CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
     expire_time   TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     fencing_token BIGINT       NOT NULL DEFAULT 0,

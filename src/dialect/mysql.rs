@@ -1,7 +1,7 @@
 //! MySQL 8 and MariaDB: every statement dblock sends to them, and how answers are read.
 //!
 //! sqlx always sets `CLIENT_FOUND_ROWS`, so an upsert's row count cannot tell a win from a
-//! loss. Acquire is therefore two statements on one connection: an upsert that inserts, or
+//! loss. Acquire is therefore two statements: an upsert that inserts, or
 //! takes over an expired row, then a read of the row's owner (ours means we won). Fencing
 //! tokens come from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
@@ -75,6 +75,33 @@ fn error_number(err: &sqlx::Error) -> Option<u16> {
     }
 }
 
+/// How many times an owner-checked write is repeated after InnoDB rolled it back as a
+/// deadlock victim (see [`retry_deadlocks`]).
+const DEADLOCK_RETRIES: u32 = 10;
+
+/// Runs an owner-checked write (release, extend) again when InnoDB picked it as a deadlock
+/// victim. A competing acquire's upsert takes a shared lock on the row for its duplicate
+/// check and then asks for an exclusive one; our write queued for its exclusive lock in
+/// between, so the two wait on each other and InnoDB rolls back the smaller transaction:
+/// ours. The rolled-back statement changed nothing, so repeating it is safe.
+async fn retry_deadlocks<T, F>(mut run: impl FnMut() -> F) -> Result<T, sqlx::Error>
+where
+    F: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut retries = 0;
+    loop {
+        match run().await {
+            Err(err)
+                if retries < DEADLOCK_RETRIES && error_number(&err) == Some(ER_LOCK_DEADLOCK) =>
+            {
+                retries += 1;
+                tracing::trace!(error = %err, retries, "owner-checked write was a deadlock victim");
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 impl super::sealed::Sealed for MySql {}
 
 impl Backend for MySql {
@@ -102,16 +129,19 @@ impl Backend for MySql {
         owner: &str,
         lease_micros: i64,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        let mut conn = pool.acquire().await?;
-        sqlx::query(audited(&sql.acquire))
-            .bind(key)
-            .bind(owner)
-            .bind(lease_micros)
-            .execute(&mut *conn)
-            .await?;
+        // A deadlock here is a lost race with the holder's renewal or release, not an
+        // answer: the upsert was rolled back, so asking again is safe.
+        retry_deadlocks(|| {
+            sqlx::query(audited(&sql.acquire))
+                .bind(key)
+                .bind(owner)
+                .bind(lease_micros)
+                .execute(pool)
+        })
+        .await?;
         let row: Option<(String, i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.read_owner))
             .bind(key)
-            .fetch_optional(&mut *conn)
+            .fetch_optional(pool)
             .await?;
         Ok(match row {
             Some((holder, fencing_token, expires_at)) if holder == owner => Some(Acquired {
@@ -127,12 +157,14 @@ impl Backend for MySql {
         sql: &Statements,
         lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.release))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .execute(pool)
-            .await?;
+        let done = retry_deadlocks(|| {
+            sqlx::query(audited(&sql.release))
+                .bind(lock.key)
+                .bind(lock.owner)
+                .bind(lock.fencing_token)
+                .execute(pool)
+        })
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -142,13 +174,15 @@ impl Backend for MySql {
         lock: LockId<'_>,
         lease_micros: i64,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.extend))
-            .bind(lease_micros)
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .execute(pool)
-            .await?;
+        let done = retry_deadlocks(|| {
+            sqlx::query(audited(&sql.extend))
+                .bind(lease_micros)
+                .bind(lock.key)
+                .bind(lock.owner)
+                .bind(lock.fencing_token)
+                .execute(pool)
+        })
+        .await?;
         if done.rows_affected() != 1 {
             return Ok(None);
         }

@@ -1,0 +1,185 @@
+//! The three [`TestBackend`]s: how to reach each database and the few SQL spellings that
+//! differ. Running a statement is the same code for every sqlx type, so a macro writes it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use sqlx::mysql::MySqlPoolOptions;
+use sqlx::pool::PoolOptions;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{Connection, MySql, Pool, Postgres, Sqlite};
+use tokio::time::Instant;
+
+use super::{Arg, TestBackend, Unavailable, servers};
+
+/// `exec` and `fetch_i64`, identical for every sqlx database type.
+macro_rules! run_statements {
+    () => {
+        fn exec(
+            pool: &Pool<Self>,
+            sql: String,
+            args: Vec<Arg>,
+        ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for arg in args {
+                query = match arg {
+                    Arg::Text(text) => query.bind(text),
+                    Arg::Int(int) => query.bind(int),
+                };
+            }
+            async move { Ok(query.execute(pool).await?.rows_affected()) }
+        }
+
+        fn fetch_i64(
+            pool: &Pool<Self>,
+            sql: String,
+            args: Vec<Arg>,
+        ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send {
+            let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            for arg in args {
+                query = match arg {
+                    Arg::Text(text) => query.bind(text),
+                    Arg::Int(int) => query.bind(int),
+                };
+            }
+            async move { query.fetch_optional(pool).await }
+        }
+    };
+}
+
+/// Connects to a server, retrying for a while: a container that was just started may
+/// not accept connections yet.
+async fn connect_server<DB: sqlx::Database>(options: PoolOptions<DB>, url: &str) -> Pool<DB> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match options.clone().connect(url).await {
+            Ok(pool) => return pool,
+            Err(err) if Instant::now() < deadline && matches!(err, sqlx::Error::Io(_)) => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(err) => panic!("cannot connect to {url}: {err}"),
+        }
+    }
+}
+
+impl TestBackend for Postgres {
+    const LABEL: &'static str = "postgres";
+    const NOW: &'static str = "now()";
+
+    fn locate() -> Result<String, Unavailable> {
+        servers::postgres_url()
+    }
+
+    async fn connect(location: &str, max: u32) -> Pool<Self> {
+        connect_server(PgPoolOptions::new().max_connections(max), location).await
+    }
+
+    fn param(n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn now_plus(secs: i64) -> String {
+        format!("now() + interval '{secs} seconds'")
+    }
+
+    fn cleanup_sql(t: &str) -> Vec<String> {
+        vec![
+            "SET lock_timeout = '10s'".to_owned(),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter"),
+            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq"),
+        ]
+    }
+
+    fn forget(_: &str) {}
+
+    run_statements!();
+}
+
+impl TestBackend for MySql {
+    const LABEL: &'static str = "mysql";
+    const NOW: &'static str = "NOW()";
+
+    fn locate() -> Result<String, Unavailable> {
+        servers::mysql_url()
+    }
+
+    async fn connect(location: &str, max: u32) -> Pool<Self> {
+        connect_server(MySqlPoolOptions::new().max_connections(max), location).await
+    }
+
+    fn param(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn now_plus(secs: i64) -> String {
+        format!("NOW() + INTERVAL {secs} SECOND")
+    }
+
+    fn cleanup_sql(t: &str) -> Vec<String> {
+        vec![
+            "SET SESSION lock_wait_timeout = 10".to_owned(),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter"),
+        ]
+    }
+
+    fn forget(_: &str) {}
+
+    run_statements!();
+}
+
+impl TestBackend for Sqlite {
+    const LABEL: &'static str = "sqlite";
+    const NOW: &'static str = "datetime('now')";
+
+    /// Every test gets a file of its own.
+    fn locate() -> Result<String, Unavailable> {
+        let name = format!("dblock-test-{}.sqlite3", uuid::Uuid::new_v4().simple());
+        let path = std::env::temp_dir().join(name);
+        Ok(path.to_str().expect("a UTF-8 temp dir").to_owned())
+    }
+
+    async fn connect(location: &str, max: u32) -> Pool<Self> {
+        let options = SqliteConnectOptions::new()
+            .filename(location)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(30));
+        let opened = async {
+            // Create the file once; the pool itself never creates it, so a connection
+            // opened late (by a guard's background release) cannot resurrect it after
+            // the test removed it.
+            let created = options.clone().create_if_missing(true);
+            SqliteConnection::connect_with(&created)
+                .await?
+                .close()
+                .await?;
+            SqlitePoolOptions::new()
+                .max_connections(max)
+                .connect_with(options)
+                .await
+        };
+        opened
+            .await
+            .unwrap_or_else(|err| panic!("cannot open {location}: {err}"))
+    }
+
+    fn param(n: usize) -> String {
+        format!("?{n}")
+    }
+
+    fn now_plus(secs: i64) -> String {
+        format!("datetime('now', '{secs:+} seconds')")
+    }
+
+    fn cleanup_sql(_: &str) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn forget(location: &str) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(PathBuf::from(format!("{location}{suffix}")));
+        }
+    }
+
+    run_statements!();
+}

@@ -1,0 +1,308 @@
+//! Test harness shared by the backend test binaries: where each database is, a fresh
+//! table per test, and a "plain SQL client" that talks to the lock table the way an
+//! application without dblock would.
+
+mod backends;
+mod servers;
+
+use std::future::Future;
+use std::time::Duration;
+
+use dblock::{Backend, Locker};
+use sqlx::Pool;
+use tokio::time::Instant;
+
+/// A bind parameter of a plain-SQL statement.
+pub enum Arg {
+    Text(String),
+    Int(i64),
+}
+
+impl From<&str> for Arg {
+    fn from(s: &str) -> Self {
+        Arg::Text(s.to_owned())
+    }
+}
+
+impl From<i64> for Arg {
+    fn from(i: i64) -> Self {
+        Arg::Int(i)
+    }
+}
+
+/// What the tests need from a backend beyond dblock itself. SQL text is assembled once,
+/// in [`Plain`], from the few spellings that differ.
+pub trait TestBackend: Backend {
+    /// The name used in messages and in `DBLOCK_TEST_REQUIRE`.
+    const LABEL: &'static str;
+    /// The database clock as a plain client writes it.
+    const NOW: &'static str;
+
+    /// Where a test's database is: a server URL, or a fresh SQLite file. `Err` says why
+    /// the backend is unavailable.
+    fn locate() -> Result<String, Unavailable>;
+
+    /// A pool on `location` with at most `max` connections.
+    fn connect(location: &str, max: u32) -> impl Future<Output = Pool<Self>> + Send;
+
+    /// The placeholder of the `n`-th (1-based) bind parameter.
+    fn param(n: usize) -> String;
+
+    /// The database clock plus `secs` seconds (negative for the past), as a plain client
+    /// writes it.
+    fn now_plus(secs: i64) -> String;
+
+    /// Statements that remove everything a test created for `table` (server backends).
+    fn cleanup_sql(table: &str) -> Vec<String>;
+
+    /// Removes whatever is left of `location` once its pools are gone (SQLite files).
+    fn forget(location: &str);
+
+    /// Runs one statement; the number of rows it affected.
+    fn exec(
+        pool: &Pool<Self>,
+        sql: String,
+        args: Vec<Arg>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// Runs one query returning at most one integer.
+    fn fetch_i64(
+        pool: &Pool<Self>,
+        sql: String,
+        args: Vec<Arg>,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+}
+
+/// Why a backend cannot be tested here.
+#[derive(Clone)]
+pub enum Unavailable {
+    /// Nothing configured and no way to start one: skip (unless required).
+    Skip(String),
+    /// Configured or startable, but broken: always a failure.
+    Broken(String),
+}
+
+/// One test's database: its own pool and its own, randomly named lock table.
+pub struct TestDb<DB: TestBackend> {
+    pub location: String,
+    pub pool: Pool<DB>,
+    pub table: String,
+    /// A locker on `table` with default options, except that it does not renew.
+    pub locker: Locker<DB>,
+    /// The plain-SQL client on `table`.
+    pub plain: Plain<DB>,
+}
+
+const POOL_SIZE: u32 = 16;
+
+impl<DB: TestBackend> TestDb<DB> {
+    /// A fresh table, migrated. `None` when the backend is skipped.
+    pub async fn open() -> Option<Self> {
+        let db = Self::open_unmigrated().await?;
+        let applied = db.locker.migrate().await.expect("migrate a fresh table");
+        assert_eq!(applied, 1, "the first migrate of a fresh table applies V1");
+        Some(db)
+    }
+
+    /// A fresh table name with nothing created yet.
+    pub async fn open_unmigrated() -> Option<Self> {
+        let location = match DB::locate() {
+            Ok(location) => location,
+            Err(Unavailable::Broken(reason)) => panic!("{}: {reason}", DB::LABEL),
+            Err(Unavailable::Skip(reason)) => {
+                servers::skip(DB::LABEL, &reason);
+                return None;
+            }
+        };
+        let pool = DB::connect(&location, POOL_SIZE).await;
+        // 14 characters: derived names (`<t>_fencing_seq`, `<t>_history`) stay short.
+        let table = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        // The core suite times leases itself (short leases must run out), so its locker
+        // does not renew; the lease suite builds renewing lockers of its own.
+        let locker = Locker::builder(pool.clone())
+            .table(&table)
+            .auto_renew(false)
+            .build()
+            .expect("a valid table name");
+        let plain = Plain {
+            pool: pool.clone(),
+            table: table.clone(),
+        };
+        Some(TestDb {
+            location,
+            pool,
+            table,
+            locker,
+            plain,
+        })
+    }
+
+    /// A second, independent pool on the same database (another "process").
+    pub async fn another_pool(&self) -> Pool<DB> {
+        DB::connect(&self.location, POOL_SIZE).await
+    }
+}
+
+impl<DB: TestBackend> Drop for TestDb<DB> {
+    /// Drops the test's tables, also after a failed assertion. Runs on a thread of its
+    /// own with its own runtime and connection: the test's runtime may be unwinding.
+    fn drop(&mut self) {
+        let location = self.location.clone();
+        let statements = DB::cleanup_sql(&self.table);
+        let cleanup = std::thread::spawn(move || {
+            if !statements.is_empty() {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for cleanup");
+                runtime.block_on(async {
+                    let pool = DB::connect(&location, 1).await;
+                    for sql in statements {
+                        if let Err(err) = DB::exec(&pool, sql.clone(), vec![]).await {
+                            eprintln!("cleanup `{sql}` failed: {err}");
+                        }
+                    }
+                    pool.close().await;
+                });
+            }
+            DB::forget(&location);
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// A client that knows nothing of dblock: it reads and writes the lock table with
+/// hand-written SQL and the database's own clock.
+pub struct Plain<DB: TestBackend> {
+    pool: Pool<DB>,
+    table: String,
+}
+
+impl<DB: TestBackend> Clone for Plain<DB> {
+    fn clone(&self) -> Self {
+        Plain {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+        }
+    }
+}
+
+impl<DB: TestBackend> Plain<DB> {
+    /// `INSERT` of the three documented columns, expiring `secs` seconds from the
+    /// database's now.
+    pub async fn insert(&self, key: &str, value: &str, secs: i64) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO {} (lock_key, lock_value, expire_time) VALUES ({}, {}, {})",
+            self.table,
+            DB::param(1),
+            DB::param(2),
+            DB::now_plus(secs)
+        );
+        DB::exec(&self.pool, sql, vec![key.into(), value.into()])
+            .await
+            .map(|_| ())
+    }
+
+    /// Owner-checked release: deletes the row only if `value` owns it.
+    pub async fn delete_owned(&self, key: &str, value: &str) -> u64 {
+        let sql = format!(
+            "DELETE FROM {} WHERE lock_key = {} AND lock_value = {}",
+            self.table,
+            DB::param(1),
+            DB::param(2)
+        );
+        DB::exec(&self.pool, sql, vec![key.into(), value.into()])
+            .await
+            .expect("plain owner-checked delete")
+    }
+
+    /// Deletes the key's row whoever owns it (an operator's cleanup).
+    pub async fn delete(&self, key: &str) -> u64 {
+        let sql = format!(
+            "DELETE FROM {} WHERE lock_key = {}",
+            self.table,
+            DB::param(1)
+        );
+        DB::exec(&self.pool, sql, vec![key.into()])
+            .await
+            .expect("plain delete")
+    }
+
+    /// Deletes every row that expired by the database clock.
+    pub async fn reap(&self) -> u64 {
+        let sql = format!("DELETE FROM {} WHERE expire_time < {}", self.table, DB::NOW);
+        DB::exec(&self.pool, sql, vec![]).await.expect("plain reap")
+    }
+
+    /// Whether the key's row has expired as the plain client reads the clock.
+    pub async fn is_expired(&self, key: &str) -> bool {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE lock_key = {} AND expire_time < {}",
+            self.table,
+            DB::param(1),
+            DB::NOW
+        );
+        let n = DB::fetch_i64(&self.pool, sql, vec![key.into()]).await;
+        n.expect("plain expiry check") == Some(1)
+    }
+
+    /// Rows in the lock table.
+    pub async fn row_count(&self) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {}", self.table);
+        let n = DB::fetch_i64(&self.pool, sql, vec![]).await;
+        n.expect("count rows").expect("COUNT returns a row")
+    }
+
+    fn counter_table(&self) -> String {
+        format!("{}_counter", self.table)
+    }
+
+    /// A one-row counter table next to the lock table, starting at zero.
+    pub async fn counter_create(&self) {
+        let table = self.counter_table();
+        let create = format!("CREATE TABLE {table} (id INTEGER PRIMARY KEY, v BIGINT NOT NULL)");
+        DB::exec(&self.pool, create, vec![])
+            .await
+            .expect("create counter");
+        let insert = format!("INSERT INTO {table} (id, v) VALUES (1, 0)");
+        DB::exec(&self.pool, insert, vec![])
+            .await
+            .expect("insert counter");
+    }
+
+    pub async fn counter_get(&self) -> i64 {
+        let sql = format!("SELECT v FROM {} WHERE id = 1", self.counter_table());
+        let v = DB::fetch_i64(&self.pool, sql, vec![]).await;
+        v.expect("read counter").expect("the counter row")
+    }
+
+    pub async fn counter_set(&self, v: i64) {
+        let sql = format!(
+            "UPDATE {} SET v = {} WHERE id = 1",
+            self.counter_table(),
+            DB::param(1)
+        );
+        let n = DB::exec(&self.pool, sql, vec![v.into()]).await;
+        assert_eq!(n.expect("write counter"), 1);
+    }
+}
+
+/// Whether a plain-SQL error is a duplicate key.
+pub fn is_unique_violation(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// Polls `check` every 10 ms until it holds; fails the test after `limit`.
+pub async fn wait_until(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

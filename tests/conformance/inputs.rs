@@ -1,0 +1,117 @@
+//! Every bad input gets its typed error before anything is written.
+
+use std::time::Duration;
+
+use dblock::{Error, Locker, MAX_LEASE, MAX_WAIT, MIN_LEASE};
+
+use super::LONG;
+use crate::common::{TestBackend, TestDb};
+
+const WAIT: Duration = Duration::from_secs(1);
+
+fn is_invalid_key(result: &dblock::Result<impl std::fmt::Debug>, key: &str) -> bool {
+    matches!(result, Err(Error::InvalidKey { key: k, .. }) if k == key)
+}
+
+fn is_invalid_duration(result: &dblock::Result<impl std::fmt::Debug>, what: &str) -> bool {
+    matches!(result, Err(Error::InvalidDuration { what: w, .. }) if *w == what)
+}
+
+pub async fn bad_inputs_are_rejected_before_writing<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let locker = &db.locker;
+    let mut ran = false;
+
+    let long_key = "k".repeat(129);
+    // 33 four-byte characters: 33 characters but 132 bytes.
+    let long_in_bytes = "🔒".repeat(33);
+    for key in ["", long_key.as_str(), long_in_bytes.as_str(), "a\0b", "\0"] {
+        assert!(
+            is_invalid_key(&locker.try_acquire(key, LONG).await, key),
+            "{key:?}"
+        );
+        assert!(is_invalid_key(&locker.acquire(key, LONG, WAIT).await, key));
+        let with = locker
+            .with_lock(key, LONG, WAIT, async |_| ran = true)
+            .await;
+        assert!(is_invalid_key(&with, key), "{key:?}");
+        assert!(is_invalid_key(&locker.holder(key).await, key), "{key:?}");
+    }
+
+    let below_min = MIN_LEASE - Duration::from_nanos(1);
+    let above_max = MAX_LEASE + Duration::from_nanos(1);
+    for lease in [Duration::ZERO, below_min, above_max, MAX_LEASE * 2] {
+        let tried = locker.try_acquire("k", lease).await;
+        assert!(is_invalid_duration(&tried, "lease"), "{lease:?}: {tried:?}");
+        let waited = locker.acquire("k", lease, WAIT).await;
+        assert!(
+            is_invalid_duration(&waited, "lease"),
+            "{lease:?}: {waited:?}"
+        );
+        let with = locker
+            .with_lock("k", lease, WAIT, async |_| ran = true)
+            .await;
+        assert!(is_invalid_duration(&with, "lease"), "{lease:?}: {with:?}");
+    }
+
+    for wait in [MAX_WAIT + Duration::from_nanos(1), MAX_WAIT * 2] {
+        let waited = locker.acquire("k", LONG, wait).await;
+        assert!(is_invalid_duration(&waited, "wait"), "{wait:?}: {waited:?}");
+        let with = locker
+            .with_lock("k", LONG, wait, async |_| ran = true)
+            .await;
+        assert!(is_invalid_duration(&with, "wait"), "{wait:?}: {with:?}");
+    }
+
+    let too_long = "a".repeat(41);
+    for name in [
+        "a;drop table x",
+        "1abc",
+        too_long.as_str(),
+        "",
+        "a-b",
+        "t x",
+        "é",
+        "x\"y",
+    ] {
+        let built = Locker::builder(db.pool.clone()).table(name).build();
+        assert!(
+            matches!(&built, Err(Error::InvalidTableName { name: n, .. }) if n == name),
+            "{name:?}: {built:?}"
+        );
+    }
+
+    assert!(!ran, "no closure runs for a rejected input");
+    assert_eq!(db.plain.row_count().await, 0, "nothing was written");
+
+    // The limits themselves are accepted.
+    let at_limits = [
+        ("k".repeat(128), LONG, Duration::ZERO),
+        ("🔒".repeat(32), MAX_LEASE, MAX_WAIT),
+        ("min".to_owned(), MIN_LEASE, WAIT),
+    ];
+    for (key, lease, wait) in &at_limits {
+        let guard = locker.acquire(key, *lease, *wait).await.expect(key);
+        assert_eq!(guard.key(), key);
+        guard.release().await.ok(); // MIN_LEASE may already have run out: NotHeld is fine.
+    }
+    let name_at_limit = "a".repeat(40);
+    assert!(
+        Locker::builder(db.pool.clone())
+            .table(name_at_limit)
+            .build()
+            .is_ok()
+    );
+
+    // A guard's extend checks its lease too, and changes nothing when it refuses.
+    let guard = locker.try_acquire("k", LONG).await.unwrap().unwrap();
+    let expiry = guard.expires_at();
+    for lease in [Duration::ZERO, above_max] {
+        assert!(is_invalid_duration(&guard.extend(lease).await, "lease"));
+    }
+    assert_eq!(guard.expires_at(), expiry);
+    guard.release().await.unwrap();
+    assert_eq!(db.plain.row_count().await, 0);
+}

@@ -1,0 +1,58 @@
+//! The conformance suite: every case is written once, generic over the backend, and
+//! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
+
+mod inputs;
+mod interop;
+mod migrate;
+mod ownership;
+mod racing;
+mod waiting;
+
+use std::time::Duration;
+
+pub use inputs::*;
+pub use interop::*;
+pub use migrate::*;
+pub use ownership::*;
+pub use racing::*;
+pub use waiting::*;
+
+/// A lease that never runs out during a test.
+const LONG: Duration = Duration::from_secs(30);
+/// A lease meant to run out during a test.
+const SHORT: Duration = Duration::from_millis(150);
+/// Bound for anything polled: far above what a healthy run needs.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Expands into one multi-threaded tokio test per conformance case for backend `$db`.
+macro_rules! conformance_suite {
+    ($db:ty) => {
+        $crate::conformance::conformance_suite!(
+            @cases $db;
+            one_winner_per_round,
+            one_winner_takes_over_an_expired_row,
+            mutual_exclusion,
+            owner_checked_release_and_extend,
+            expired_rows_are_taken_over_live_ones_never,
+            fencing_tokens_strictly_increase,
+            plain_sql_interop,
+            keys_are_exact,
+            bad_inputs_are_rejected_before_writing,
+            acquire_waits_for_release,
+            acquire_times_out,
+            with_lock_returns_and_releases,
+            migrate_is_rerunnable,
+            concurrent_migrations,
+        );
+    };
+    (@cases $db:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                $crate::conformance::$case::<$db>().await;
+            }
+        )*
+    };
+}
+
+pub(crate) use conformance_suite;

@@ -1,0 +1,121 @@
+//! Waiting acquires and `with_lock`.
+
+use std::time::Duration;
+
+use dblock::{Error, LockGuard};
+use tokio::time::Instant;
+
+use super::{LONG, PATIENCE};
+use crate::common::{TestBackend, TestDb};
+
+/// A waiting acquire wins as soon as the holder releases mid-wait.
+pub async fn acquire_waits_for_release<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "handover";
+    let first = db.locker.try_acquire(key, LONG).await.unwrap().unwrap();
+    let locker = db.locker.clone();
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { locker.acquire(key, LONG, PATIENCE).await });
+
+    // No signal exists for "the waiter has retried": hold the lock for a while, long
+    // enough for several attempts, then check the waiter is still waiting.
+    let held_for = Duration::from_millis(300);
+    tokio::time::sleep(held_for).await;
+    assert!(!waiter.is_finished(), "the waiter must not get a held lock");
+    let first_token = first.fencing_token();
+    first.release().await.unwrap();
+
+    let second = waiter
+        .await
+        .unwrap()
+        .expect("the waiter wins after the release");
+    assert!(started.elapsed() >= held_for);
+    assert!(second.fencing_token() > first_token);
+    let holder = db.locker.holder(key).await.unwrap().unwrap();
+    assert_eq!(holder.owner, second.owner());
+    second.release().await.unwrap();
+}
+
+/// A waiting acquire gives up with Timeout when the holder keeps the lock.
+pub async fn acquire_times_out<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "kept";
+    let kept = db.locker.try_acquire(key, LONG).await.unwrap().unwrap();
+
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    let result = db.locker.acquire(key, LONG, wait).await;
+    let elapsed = started.elapsed();
+    match result {
+        Err(Error::Timeout {
+            key: k,
+            waited,
+            attempts,
+        }) => {
+            assert_eq!(k, key);
+            assert!(waited >= wait, "{waited:?}");
+            assert!(attempts >= 2, "{attempts} attempts");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(elapsed >= wait && elapsed < wait + PATIENCE, "{elapsed:?}");
+
+    // A zero wait is a single attempt.
+    match db.locker.acquire(key, LONG, Duration::ZERO).await {
+        Err(Error::Timeout { attempts: 1, .. }) => {}
+        other => panic!("expected Timeout after 1 attempt, got {other:?}"),
+    }
+
+    // with_lock times out the same way and never runs its closure.
+    let mut ran = false;
+    let with = db
+        .locker
+        .with_lock(key, LONG, wait, async |_| ran = true)
+        .await;
+    assert!(matches!(with, Err(Error::Timeout { .. })), "{with:?}");
+    assert!(!ran);
+
+    let holder = db.locker.holder(key).await.unwrap().unwrap();
+    assert_eq!(holder.owner, kept.owner());
+    kept.release().await.unwrap();
+}
+
+/// with_lock hands back the closure's value and releases, whatever the value says.
+pub async fn with_lock_returns_and_releases<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "scoped";
+    let locker = &db.locker;
+
+    let value = locker
+        .with_lock(key, LONG, PATIENCE, async |guard: &LockGuard<DB>| {
+            // Held while the closure runs.
+            let holder = locker.holder(key).await.unwrap().unwrap();
+            assert_eq!(holder.owner, guard.owner());
+            assert_eq!(guard.key(), key);
+            42
+        })
+        .await
+        .expect("with_lock");
+    assert_eq!(value, 42);
+    assert_eq!(locker.holder(key).await.unwrap(), None);
+
+    let failed: Result<u8, String> = locker
+        .with_lock(key, LONG, PATIENCE, async |_| Err("work failed".to_owned()))
+        .await
+        .expect("the lock part succeeded");
+    assert_eq!(failed, Err("work failed".to_owned()));
+    assert_eq!(locker.holder(key).await.unwrap(), None);
+
+    // Released for real: the next with_lock gets it at once.
+    let again = locker
+        .with_lock(key, LONG, Duration::ZERO, async |_| ())
+        .await;
+    assert!(again.is_ok(), "{again:?}");
+    assert_eq!(db.plain.row_count().await, 0);
+}

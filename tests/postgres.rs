@@ -1,0 +1,4 @@
+mod common;
+mod conformance;
+
+conformance::conformance_suite!(dblock::Postgres);
