@@ -19,9 +19,10 @@ use crate::lease::Lease;
 ///
 /// # Drop
 /// Dropping a guard that was not released stops its watchdog and deletes the row in a task
-/// spawned at once on the current tokio runtime. That release is best effort and not
-/// awaited: if it cannot run (no runtime, database unreachable) the lease simply expires
-/// at [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
+/// spawned at once on the current tokio runtime, retrying failed deletes until the lease
+/// would have ended anyway. That release is best effort and not awaited: if it cannot run
+/// (no runtime, database unreachable) the lease simply expires at
+/// [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
 #[must_use = "the lock is released as soon as the guard is dropped; keep it and call release().await"]
 pub struct LockGuard<DB: Backend> {
     lease: Arc<Lease<DB>>,
@@ -172,9 +173,5 @@ fn spawn_end<DB: Backend>(lease: Arc<Lease<DB>>) {
         tracing::warn!(key = %lease.key, owner = %lease.owner, "no tokio runtime: lock left to expire");
         return;
     };
-    runtime.spawn(async move {
-        if let Err(err) = lease.end().await {
-            tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
-        }
-    });
+    runtime.spawn(async move { lease.end_in_background().await });
 }

@@ -165,6 +165,27 @@ impl<DB: Backend> Lease<DB> {
         Ok(deleted)
     }
 
+    /// [`end`](Self::end) for callers nobody waits on (dropped guards): a failed delete is
+    /// retried with backoff until the lease's deadline; after that the row has expired
+    /// and anyone may take it over, so there is nothing left to protect.
+    pub(crate) async fn end_in_background(&self) {
+        let mut delays = self.shared.retry.delays();
+        loop {
+            match self.end().await {
+                Ok(_) => return,
+                Err(err) if Instant::now() < self.deadline() => {
+                    tracing::debug!(key = %self.key, error = %err, "background release failed; retrying");
+                    let pause = delays.next().unwrap_or(Duration::from_millis(100));
+                    sleep_until((Instant::now() + pause).min(self.deadline())).await;
+                }
+                Err(err) => {
+                    tracing::warn!(key = %self.key, owner = %self.owner, error = %err, "background release failed; the lease will expire");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Sleeps until `at` or until stopped; `false` when stopped.
     async fn sleep_unless_stopped(&self, at: Instant) -> bool {
         tokio::select! {

@@ -3,6 +3,7 @@
 //! application without dblock would.
 
 mod backends;
+pub mod proxy;
 mod servers;
 
 use std::future::Future;

@@ -35,7 +35,9 @@ impl Proxy {
                 }
                 let mut cuts = accept_generation.subscribe();
                 tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(upstream).await else { return };
+                    let Ok(mut server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
                     let mut client = client;
                     tokio::select! {
                         _ = copy_bidirectional(&mut client, &mut server) => {}
@@ -80,10 +82,12 @@ pub fn via_proxy(url: &str, proxy: SocketAddr) -> String {
 pub fn upstream_of(url: &str) -> SocketAddr {
     let parsed = url::Url::parse(url).expect("database URL");
     let host = parsed.host_str().expect("host");
-    let port = parsed.port_or_known_default().unwrap_or(match parsed.scheme() {
-        "postgres" | "postgresql" => 5432,
-        _ => 3306,
-    });
+    let port = parsed
+        .port_or_known_default()
+        .unwrap_or(match parsed.scheme() {
+            "postgres" | "postgresql" => 5432,
+            _ => 3306,
+        });
     std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
         .expect("resolve")
         .next()

@@ -3,6 +3,8 @@
 
 mod inputs;
 mod interop;
+mod lease;
+pub mod lease_env;
 mod migrate;
 mod ownership;
 mod racing;
@@ -12,6 +14,7 @@ use std::time::Duration;
 
 pub use inputs::*;
 pub use interop::*;
+pub use lease::*;
 pub use migrate::*;
 pub use ownership::*;
 pub use racing::*;
@@ -43,6 +46,17 @@ macro_rules! conformance_suite {
             with_lock_returns_and_releases,
             migrate_is_rerunnable,
             concurrent_migrations,
+            holder_keeps_lock_three_leases_long,
+            deleted_row_fires_lost,
+            stolen_row_fires_lost,
+            with_lock_is_cancelled_on_loss,
+            short_outage_keeps_lease,
+            long_outage_fires_lost,
+            no_renewal_after_release,
+            reaper_deletes_exactly_the_expired,
+            background_reaper_reports_and_stops,
+            owner_nests_and_excludes_others,
+            cancelled_acquires_leave_no_orphans,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
