@@ -32,3 +32,13 @@ pub use sqlx::MySql;
 pub use sqlx::Postgres;
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
+
+// Row locks, optimistic updates and fencing inside the caller's transaction.
+mod fencing;
+mod ident;
+mod optimistic;
+mod row_lock;
+
+pub use dialect::SqlValue;
+pub use optimistic::{DEFAULT_MAX_ATTEMPTS, Decision, Outcome, Versioned, VersionedBuilder};
+pub use row_lock::{MAX_ROW_LOCK_KEYS, RowLockMode, RowLocker};

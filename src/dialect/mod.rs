@@ -183,6 +183,77 @@ pub trait Backend: Database + sealed::Sealed {
         conn: &'a mut PoolConnection<Self>,
         query: &'a str,
     ) -> impl Future<Output = Result<Vec<(i64, String, String, String)>, sqlx::Error>> + Send + 'a;
+
+    // Row locks, optimistic updates and fencing (row_lock.rs, optimistic.rs, fencing.rs).
+
+    /// The bind mark of the `index`-th parameter, counting from 1: `$1` or `?`.
+    #[doc(hidden)]
+    fn bind_mark(index: usize) -> String;
+
+    /// Turns the portable `SELECT .. ORDER BY key` into this database's row-locking query.
+    #[doc(hidden)]
+    fn row_lock_sql(select: &str, mode: RowLockMode) -> String;
+
+    /// Opens the transaction a row lock runs in. SQLite overrides it: `BEGIN IMMEDIATE`.
+    #[doc(hidden)]
+    fn begin_row_lock(
+        conn: &mut PoolConnection<Self>,
+        _mode: RowLockMode,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send {
+        sqlx::Connection::begin(&mut **conn)
+    }
+
+    /// Runs the row-locking query of [`Backend::row_lock_sql`] inside the transaction,
+    /// applying the mode's timeout where the query itself cannot carry it.
+    #[doc(hidden)]
+    fn lock_rows<K: SqlValue<Self>>(
+        conn: &mut Self::Connection,
+        sql: &str,
+        keys: &[K],
+        mode: RowLockMode,
+    ) -> impl Future<Output = Result<Vec<K>, sqlx::Error>> + Send;
+
+    /// Whether the error means "a row (or SQLite's database) is locked by someone else".
+    #[doc(hidden)]
+    fn is_row_locked(err: &sqlx::Error) -> bool;
+
+    /// Runs a portable key query; binds the keys in order. See `portable_ops!`.
+    #[doc(hidden)]
+    fn fetch_keys<K: SqlValue<Self>>(
+        conn: &mut Self::Connection,
+        sql: &str,
+        keys: &[K],
+    ) -> impl Future<Output = Result<Vec<K>, sqlx::Error>> + Send;
+
+    /// Reads `(value, version)` of the row `key`. See `portable_ops!`.
+    #[doc(hidden)]
+    fn read_versioned<K: SqlValue<Self>, V: SqlValue<Self>>(
+        pool: &Pool<Self>,
+        sql: &Sql,
+        key: &K,
+    ) -> impl Future<Output = Result<Option<(V, i64)>, sqlx::Error>> + Send;
+
+    /// Writes `value` to the row `key` if its version is still `version`; `true` if it did.
+    #[doc(hidden)]
+    fn write_versioned<K: SqlValue<Self>, V: SqlValue<Self>>(
+        pool: &Pool<Self>,
+        sql: &Sql,
+        value: &V,
+        key: &K,
+        version: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Inside the caller's transaction: `true` if `(key, owner, token)` holds an unexpired
+    /// lease by the database clock, after locking that row against takeover, release and
+    /// renewal until the transaction ends.
+    #[doc(hidden)]
+    fn check_fence(
+        conn: &mut Self::Connection,
+        table: &str,
+        key: &str,
+        owner: &str,
+        fencing_token: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 }
 
 mod sealed {
@@ -214,3 +285,10 @@ pub(crate) fn db_code(err: &sqlx::Error) -> Option<String> {
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
 }
+
+// Row locks, optimistic updates and fencing: the statements shared by every dialect.
+mod portable;
+use crate::row_lock::RowLockMode;
+pub use portable::SqlValue;
+pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
+use sqlx::Transaction;

@@ -251,4 +251,66 @@ impl Backend for MySql {
     }
 
     scripts_and_history!();
+
+    fn bind_mark(_index: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn row_lock_sql(select: &str, mode: crate::RowLockMode) -> String {
+        let crate::RowLockMode::Timeout(timeout) = mode else {
+            return format!("{select}{}", super::for_update(mode));
+        };
+        // Per statement, so no session setting outlives the call: MySQL 8 reads the
+        // optimizer hint, MariaDB (which ignores the hint) runs the `/*M! .. */` comment.
+        // Both count whole seconds; a fraction would mean NOWAIT on MariaDB, so round up.
+        let seconds = timeout.as_millis().div_ceil(1000).max(1);
+        let body = select.strip_prefix("SELECT ").unwrap_or(select);
+        format!(
+            "SELECT /*+ SET_VAR(innodb_lock_wait_timeout = {seconds}) */ {body}{} /*M! WAIT {seconds} */",
+            super::for_update(mode)
+        )
+    }
+
+    async fn lock_rows<K: crate::SqlValue<Self>>(
+        conn: &mut sqlx::MySqlConnection,
+        sql: &str,
+        keys: &[K],
+        _mode: crate::RowLockMode,
+    ) -> Result<Vec<K>, sqlx::Error> {
+        Self::fetch_keys(conn, sql, keys).await
+    }
+
+    fn is_row_locked(err: &sqlx::Error) -> bool {
+        // MariaDB answers NOWAIT with 1205 as well
+        matches!(
+            error_number(err),
+            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT)
+        )
+    }
+
+    async fn check_fence(
+        conn: &mut sqlx::MySqlConnection,
+        table: &str,
+        key: &str,
+        owner: &str,
+        fencing_token: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let found: Option<i64> = sqlx::query_scalar(audited(&sql(CHECK_FENCE, table)))
+            .bind(key)
+            .bind(owner)
+            .bind(fencing_token)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    super::portable_ops!();
 }
+
+// A locking read sees the latest committed row, whatever the transaction's snapshot; the
+// shared lock holds off takeover, release and renewal until the caller's transaction ends.
+// LOCK IN SHARE MODE rather than FOR SHARE: MariaDB does not know the latter.
+const CHECK_FENCE: &str = "\
+SELECT fencing_token FROM {table}
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)
+  LOCK IN SHARE MODE";

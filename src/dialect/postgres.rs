@@ -185,4 +185,75 @@ impl Backend for Postgres {
     }
 
     scripts_and_history!();
+
+    fn bind_mark(index: usize) -> String {
+        format!("${index}")
+    }
+
+    fn row_lock_sql(select: &str, mode: crate::RowLockMode) -> String {
+        format!("{select}{}", super::for_update(mode))
+    }
+
+    async fn lock_rows<K: crate::SqlValue<Self>>(
+        conn: &mut sqlx::PgConnection,
+        sql: &str,
+        keys: &[K],
+        mode: crate::RowLockMode,
+    ) -> Result<Vec<K>, sqlx::Error> {
+        let crate::RowLockMode::Timeout(timeout) = mode else {
+            return Self::fetch_keys(conn, sql, keys).await;
+        };
+        // Transaction-local, and put back right after: the timeout is for taking these
+        // row locks, not for whatever the caller runs next in the same transaction.
+        let millis = timeout.as_millis().max(1);
+        let (previous, _): (String, String) = sqlx::query_as(SET_LOCK_TIMEOUT)
+            .bind(format!("{millis}ms"))
+            .fetch_one(&mut *conn)
+            .await?;
+        let locked = Self::fetch_keys(conn, sql, keys).await?;
+        sqlx::query(RESTORE_LOCK_TIMEOUT)
+            .bind(previous)
+            .execute(&mut *conn)
+            .await?;
+        Ok(locked)
+    }
+
+    fn is_row_locked(err: &sqlx::Error) -> bool {
+        // lock_not_available: NOWAIT, or lock_timeout ran out
+        db_code(err).as_deref() == Some("55P03")
+    }
+
+    async fn check_fence(
+        conn: &mut sqlx::PgConnection,
+        table: &str,
+        key: &str,
+        owner: &str,
+        fencing_token: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let found: Option<i64> = sqlx::query_scalar(audited(&sql(CHECK_FENCE, table)))
+            .bind(key)
+            .bind(owner)
+            .bind(fencing_token)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    super::portable_ops!();
 }
+
+// Returns the old value, read before the new one is set: OFFSET 0 keeps the subquery from
+// being merged into the outer query, so its row exists before the outer list is computed.
+const SET_LOCK_TIMEOUT: &str = "\
+SELECT saved.previous, set_config('lock_timeout', $1, true)
+  FROM (SELECT current_setting('lock_timeout') AS previous OFFSET 0) AS saved";
+const RESTORE_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+
+// FOR SHARE, not FOR KEY SHARE: a takeover or renewal updates non-key columns, which
+// FOR KEY SHARE would let through. A takeover that raced us is waited for and re-checked
+// (READ COMMITTED re-evaluates the WHERE on the new row version).
+const CHECK_FENCE: &str = "\
+SELECT fencing_token FROM {table}
+ WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+   AND expire_time > clock_timestamp()
+   FOR SHARE";

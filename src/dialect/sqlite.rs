@@ -197,4 +197,74 @@ impl Backend for Sqlite {
     }
 
     scripts_and_history!();
+
+    fn bind_mark(index: usize) -> String {
+        format!("?{index}")
+    }
+
+    fn row_lock_sql(select: &str, _mode: crate::RowLockMode) -> String {
+        // No row locks: begin_row_lock's BEGIN IMMEDIATE already holds the write lock.
+        select.to_owned()
+    }
+
+    async fn begin_row_lock(
+        conn: &mut PoolConnection<Self>,
+        mode: crate::RowLockMode,
+    ) -> Result<sqlx::Transaction<'_, Self>, sqlx::Error> {
+        let busy_millis = match mode {
+            crate::RowLockMode::Wait => None,
+            crate::RowLockMode::NoWait | crate::RowLockMode::SkipLocked => Some(0),
+            crate::RowLockMode::Timeout(timeout) => Some(timeout.as_millis().max(1)),
+        };
+        if let Some(millis) = busy_millis {
+            // The busy timeout belongs to the connection: rather than hand it back to the
+            // pool changed (or restore it and risk being dropped half-way), close it.
+            conn.close_on_drop();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "PRAGMA busy_timeout = {millis}"
+            )))
+            .execute(&mut **conn)
+            .await?;
+        }
+        sqlx::Connection::begin_with(&mut **conn, "BEGIN IMMEDIATE").await
+    }
+
+    async fn lock_rows<K: crate::SqlValue<Self>>(
+        conn: &mut sqlx::SqliteConnection,
+        sql: &str,
+        keys: &[K],
+        _mode: crate::RowLockMode,
+    ) -> Result<Vec<K>, sqlx::Error> {
+        Self::fetch_keys(conn, sql, keys).await
+    }
+
+    fn is_row_locked(err: &sqlx::Error) -> bool {
+        // SQLITE_BUSY / SQLITE_LOCKED: contention() minus its duplicate-key case
+        Self::contention(err) == Contention::LostRace && !is_unique_violation(err)
+    }
+
+    async fn check_fence(
+        conn: &mut sqlx::SqliteConnection,
+        table: &str,
+        key: &str,
+        owner: &str,
+        fencing_token: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let found: Option<i64> = sqlx::query_scalar(audited(&sqlite_sql(CHECK_FENCE, table)))
+            .bind(key)
+            .bind(owner)
+            .bind(fencing_token)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    super::portable_ops!();
 }
+
+// A write that changes nothing, so that a deferred transaction takes the write lock here:
+// from now until it ends no other writer (takeover, release, renewal) can commit.
+const CHECK_FENCE: &str = "\
+UPDATE {table} SET lock_value = lock_value
+ WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3 AND expire_time > {now}
+RETURNING fencing_token";

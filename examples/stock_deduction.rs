@@ -1,0 +1,229 @@
+//! Stock deduction, the job dblock is for: W workers place O orders for P products of S
+//! units each, once per strategy, and the books are checked afterwards.
+//!
+//! ```text
+//! cargo run --example stock_deduction                      # embedded SQLite, temp file
+//! cargo run --example stock_deduction -- --database-url postgres://postgres@127.0.0.1/test
+//! cargo run --example stock_deduction -- --database-url mysql://root@127.0.0.1/test
+//! ```
+//!
+//! On a server it creates the tables `stock_product` and `stock_product_lock` (with the
+//! lock table's companions) if they are missing, and leaves them; `--table` picks other
+//! names. The SQLite file is removed at the end.
+//!
+//! Exits with status 1 if a protected strategy oversold or lost stock (`none` is there to
+//! show what happens without protection, and is never held against the run).
+
+mod stock;
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use dblock::Locker;
+use indicatif::{ProgressBar, ProgressStyle};
+use sqlx::pool::PoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
+
+use stock::{Report, Shop, StockDb, Strategy, Workload};
+
+/// Stock deduction under contention, with five strategies.
+#[derive(Parser, Debug)]
+struct Args {
+    /// postgres://.. or mysql://..; default: an SQLite file in the temp directory.
+    #[arg(long)]
+    database_url: Option<String>,
+    /// Concurrent workers.
+    #[arg(long, default_value_t = 8)]
+    workers: usize,
+    /// Orders in all.
+    #[arg(long, default_value_t = 2000)]
+    orders: usize,
+    /// Products; order i is for product i % products + 1.
+    #[arg(long, default_value_t = 4)]
+    products: usize,
+    /// Initial units of each product.
+    #[arg(long, default_value_t = 400)]
+    stock: i64,
+    /// Units per order.
+    #[arg(long, default_value_t = 1)]
+    quantity: i64,
+    /// Attempts of the optimistic strategy before an order is given up.
+    #[arg(long, default_value_t = 1000)]
+    max_attempts: u32,
+    /// Strategies to run (none, lock-table, for-update, optimistic, atomic); default all.
+    #[arg(long, value_delimiter = ',')]
+    strategy: Vec<String>,
+    /// The product table (the lock table is `<table>_lock`).
+    #[arg(long, default_value = "stock_product")]
+    table: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let strategies = pick(&args.strategy)?;
+    let workload = Workload {
+        workers: args.workers,
+        orders: args.orders,
+        products: args.products,
+        stock: args.stock,
+        quantity: args.quantity,
+        max_attempts: args.max_attempts,
+    };
+    // Each worker may hold two connections at once (a lease attempt and its transaction).
+    let connections = u32::try_from(2 * args.workers + 2)?;
+    let reports = match args.database_url.as_deref() {
+        Some(url) if url.starts_with("postgres") => {
+            let pool = PoolOptions::<sqlx::Postgres>::new()
+                .max_connections(connections)
+                .connect(url)
+                .await?;
+            run(pool, &args.table, &strategies, workload).await?
+        }
+        Some(url) if url.starts_with("mysql") || url.starts_with("mariadb") => {
+            let pool = PoolOptions::<sqlx::MySql>::new()
+                .max_connections(connections)
+                .connect(url)
+                .await?;
+            run(pool, &args.table, &strategies, workload).await?
+        }
+        Some(url) => return Err(format!("unsupported database URL {url:?}").into()),
+        None => {
+            let path = std::env::temp_dir().join(format!("dblock-stock-{}.db", std::process::id()));
+            let options = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                // Every writer queues for SQLite's one write lock.
+                .busy_timeout(Duration::from_secs(30));
+            let pool = PoolOptions::<sqlx::Sqlite>::new()
+                .max_connections(connections)
+                .connect_with(options)
+                .await?;
+            println!("SQLite file {}", path.display());
+            let reports = run(pool.clone(), &args.table, &strategies, workload).await;
+            pool.close().await;
+            remove_sqlite_files(&path);
+            reports?
+        }
+    };
+    let failed: Vec<&Report> = reports
+        .iter()
+        .filter(|r| r.strategy.is_protected() && !r.violations().is_empty())
+        .collect();
+    for report in &failed {
+        eprintln!("{} broke the books:", report.strategy.name());
+        for violation in report.violations() {
+            eprintln!("  {violation}");
+        }
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+async fn run<DB: StockDb>(
+    pool: sqlx::Pool<DB>,
+    table: &str,
+    strategies: &[Strategy],
+    workload: Workload,
+) -> Result<Vec<Report>, dblock::Error>
+where
+    i64: dblock::SqlValue<DB>,
+{
+    let locker = Locker::builder(pool)
+        .table(format!("{table}_lock"))
+        .retry(stock::RETRY)
+        .build()?;
+    let shop = Shop::open(locker, table).await?;
+    println!(
+        "{}: {} workers, {} orders of {} unit(s), {} products x {} units",
+        <DB as sqlx::Database>::NAME,
+        workload.workers,
+        workload.orders,
+        workload.quantity,
+        workload.products,
+        workload.stock
+    );
+    let mut reports = Vec::new();
+    for &strategy in strategies {
+        let bar = ProgressBar::new(workload.orders as u64).with_style(
+            ProgressStyle::with_template("{prefix:>10} [{bar:40}] {pos}/{len} {per_sec}")
+                .expect("a valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(strategy.name());
+        let report = shop.run(strategy, workload, &|| bar.inc(1)).await?;
+        bar.finish_and_clear();
+        reports.push(report);
+    }
+    print_table(&reports);
+    Ok(reports)
+}
+
+fn print_table(reports: &[Report]) {
+    println!(
+        "{:<11} {:>8} {:>8} {:>7} {:>11} {:>8} {:>6} {:>8} {:>9} {:>9}",
+        "strategy",
+        "accepted",
+        "rejected",
+        "gave up",
+        "final stock",
+        "oversold",
+        "lost",
+        "retries",
+        "elapsed",
+        "orders/s"
+    );
+    for r in reports {
+        let retries = r.retries.map_or("-".to_owned(), |n| n.to_string());
+        println!(
+            "{:<11} {:>8} {:>8} {:>7} {:>11} {:>8} {:>6} {:>8} {:>8.2}s {:>9.0}",
+            r.strategy.name(),
+            r.accepted_orders(),
+            r.rejected,
+            r.gave_up,
+            r.final_stock.iter().sum::<i64>(),
+            r.oversold(),
+            r.lost(),
+            retries,
+            r.elapsed.as_secs_f64(),
+            r.rate()
+        );
+    }
+    for r in reports.iter().filter(|r| r.failed_releases > 0) {
+        println!(
+            "{}: {} lease releases failed (database error) and were left to the guard's \
+             background release",
+            r.strategy.name(),
+            r.failed_releases
+        );
+    }
+}
+
+fn pick(names: &[String]) -> Result<Vec<Strategy>, String> {
+    if names.is_empty() {
+        return Ok(Strategy::ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|name| {
+            Strategy::ALL
+                .into_iter()
+                .find(|s| s.name() == name)
+                .ok_or_else(|| format!("unknown strategy {name:?}"))
+        })
+        .collect()
+}
+
+fn remove_sqlite_files(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let _ = std::fs::remove_file(file);
+    }
+}

@@ -1,0 +1,239 @@
+//! [`Versioned`]: optimistic updates of one value column guarded by a version column
+//! (`UPDATE .. SET value = ?, version = version + 1 WHERE key = ? AND version = ?`),
+//! retried with backoff when another writer got there first.
+
+use sqlx::Pool;
+
+use crate::config::RetryPolicy;
+use crate::dialect::{Backend, Sql, SqlValue, read_versioned, write_versioned};
+use crate::error::{Error, Result};
+use crate::ident::Ident;
+
+/// How many times [`Versioned::update`] reads and tries to write before it gives up with
+/// [`Error::VersionConflict`], unless the builder says otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+/// What the caller's closure decides about the value it was shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision<V, R> {
+    /// Write this new value, if the row is still the one that was read.
+    Write(V),
+    /// Write nothing and hand this back to the caller (not enough stock, say). Not an
+    /// error and not retried: the decision was made on the latest committed value.
+    Refuse(R),
+}
+
+/// How a [`Versioned::update`] ended, when it did not fail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<V, R> {
+    /// The new value was written.
+    Written {
+        /// The value now in the row.
+        value: V,
+        /// The row's version after the write.
+        version: i64,
+        /// Reads and write attempts it took, 1 when nobody else wrote in between.
+        attempts: u32,
+    },
+    /// The closure refused.
+    Refused {
+        /// What the closure refused with.
+        reason: R,
+        /// The attempt on which it refused, counting from 1.
+        attempts: u32,
+    },
+}
+
+/// One value column of one of the caller's tables, updated optimistically: read the value
+/// and version, let the caller's closure decide, write only if the version has not moved,
+/// and otherwise read again after a jittered backoff. Cheap to clone.
+///
+/// The table needs a key column (default `id`), the value column, and an integer version
+/// column (default `version`, read as `i64`, so `BIGINT` on PostgreSQL) that every writer
+/// of the value also increments. Several columns changing together need the row-lock
+/// helper, [`RowLocker`](crate::RowLocker), instead.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::SqlitePool) -> dblock::Result<()> {
+/// use dblock::{Decision, Outcome, Versioned};
+///
+/// let stock = Versioned::builder(pool, "product", "stock").build()?;
+/// match stock
+///     .update(&42_i64, async |units: i64| {
+///         if units >= 3 { Decision::Write(units - 3) } else { Decision::Refuse(units) }
+///     })
+///     .await?
+/// {
+///     Outcome::Written { value, .. } => println!("sold 3, {value} left"),
+///     Outcome::Refused { reason, .. } => println!("only {reason} left"),
+/// }
+/// # Ok(()) }
+/// ```
+pub struct Versioned<DB: Backend> {
+    pool: Pool<DB>,
+    table: Ident,
+    read: Sql,
+    write: Sql,
+    max_attempts: u32,
+    retry: RetryPolicy,
+}
+
+impl<DB: Backend> Clone for Versioned<DB> {
+    fn clone(&self) -> Self {
+        Versioned {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            read: self.read.clone(),
+            write: self.write.clone(),
+            max_attempts: self.max_attempts,
+            retry: self.retry,
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for Versioned<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Versioned")
+            .field("backend", &<DB as sqlx::Database>::NAME)
+            .field("table", &self.table.as_str())
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for a [`Versioned`]; see each method for its default.
+pub struct VersionedBuilder<DB: Backend> {
+    pool: Pool<DB>,
+    table: String,
+    value_column: String,
+    key_column: String,
+    version_column: String,
+    max_attempts: u32,
+    retry: RetryPolicy,
+}
+
+impl<DB: Backend> VersionedBuilder<DB> {
+    /// The column that finds the row. Default: `id`.
+    pub fn key_column(mut self, name: impl Into<String>) -> Self {
+        self.key_column = name.into();
+        self
+    }
+
+    /// The version column. Default: `version`.
+    pub fn version_column(mut self, name: impl Into<String>) -> Self {
+        self.version_column = name.into();
+        self
+    }
+
+    /// Reads and write attempts before [`Error::VersionConflict`]; at least 1.
+    /// Default: [`DEFAULT_MAX_ATTEMPTS`].
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The sleeps between attempts. Default: [`RetryPolicy::default`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Checks every option and builds the helper. Every name must be a plain identifier,
+    /// as for the lock table ([`Error::InvalidTableName`]); nothing touches the database.
+    pub fn build(self) -> Result<Versioned<DB>> {
+        let table = Ident::new(self.table)?;
+        let key = Ident::new(self.key_column)?;
+        let value = Ident::new(self.value_column)?;
+        let version = Ident::new(self.version_column)?;
+        if self.max_attempts == 0 {
+            return Err(Error::InvalidConfig(
+                "max_attempts must be at least 1".into(),
+            ));
+        }
+        self.retry.validate()?;
+        Ok(Versioned {
+            read: read_versioned::<DB>(&table, &key, &value, &version),
+            write: write_versioned::<DB>(&table, &key, &value, &version),
+            pool: self.pool,
+            table,
+            max_attempts: self.max_attempts,
+            retry: self.retry,
+        })
+    }
+}
+
+impl<DB: Backend> Versioned<DB> {
+    /// A builder for the column `value_column` of `table`.
+    pub fn builder(
+        pool: Pool<DB>,
+        table: impl Into<String>,
+        value_column: impl Into<String>,
+    ) -> VersionedBuilder<DB> {
+        VersionedBuilder {
+            pool,
+            table: table.into(),
+            value_column: value_column.into(),
+            key_column: "id".to_owned(),
+            version_column: "version".to_owned(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retry: RetryPolicy::default(),
+        }
+    }
+
+    /// Reads the value and version of the row `key`, asks `decide` what to do with the
+    /// value, and writes its new value if the version has not moved since the read. When
+    /// it has (another writer won), sleeps per the [`RetryPolicy`] (holding no
+    /// connection) and starts over with a fresh read, calling `decide` again.
+    ///
+    /// Returns [`Outcome::Written`], or [`Outcome::Refused`] with the closure's own
+    /// reason; [`Error::VersionConflict`] when every attempt lost;
+    /// [`Error::Database`] wrapping `sqlx::Error::RowNotFound` when there is no row
+    /// `key`, or any other database error.
+    ///
+    /// # Cancel safety
+    /// Each attempt is one read and one single-statement write, each committed on its
+    /// own. Dropped before a write was sent, nothing was written; dropped while a write
+    /// is in flight, it may or may not have been applied, and the version column tells
+    /// which. The closure may be called again after an earlier call's write lost, so it
+    /// should only decide, not act.
+    pub async fn update<K, V, R>(
+        &self,
+        key: &K,
+        mut decide: impl AsyncFnMut(V) -> Decision<V, R>,
+    ) -> Result<Outcome<V, R>>
+    where
+        K: SqlValue<DB>,
+        V: SqlValue<DB>,
+    {
+        let mut delays = self.retry.delays();
+        for attempt in 1..=self.max_attempts {
+            if attempt > 1 {
+                tokio::time::sleep(delays.next().unwrap_or_default()).await;
+            }
+            let (current, version) = DB::read_versioned::<K, V>(&self.pool, &self.read, key)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            let value = match decide(current).await {
+                Decision::Write(value) => value,
+                Decision::Refuse(reason) => {
+                    return Ok(Outcome::Refused {
+                        reason,
+                        attempts: attempt,
+                    });
+                }
+            };
+            if DB::write_versioned(&self.pool, &self.write, &value, key, version).await? {
+                return Ok(Outcome::Written {
+                    value,
+                    version: version + 1,
+                    attempts: attempt,
+                });
+            }
+            tracing::trace!(table = %self.table, attempt, "version moved; reading again");
+        }
+        Err(Error::VersionConflict {
+            table: self.table.to_string(),
+            attempts: self.max_attempts,
+        })
+    }
+}
