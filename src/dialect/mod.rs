@@ -13,8 +13,35 @@ use sqlx::{Database, Pool};
 
 /// The parts of a dialect that are the same code for every database, spelled out for
 /// each concrete sqlx type (sqlx's executor bounds do not lend themselves to generics).
+/// The SQL stays in the dialect: `sql.reap` and the module's own `CHECK_FENCE`.
 macro_rules! scripts_and_history {
     () => {
+        fn reap_batch(
+            pool: &sqlx::Pool<Self>,
+            sql: &Self::Statements,
+            batch: i64,
+        ) -> impl std::future::Future<Output = Result<u64, sqlx::Error>> + Send {
+            let reap = sqlx::query(super::audited(&sql.reap)).bind(batch);
+            async move { Ok(reap.execute(pool).await?.rows_affected()) }
+        }
+
+        async fn check_fence(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            table: &str,
+            key: &str,
+            owner: &str,
+            fencing_token: i64,
+        ) -> Result<bool, sqlx::Error> {
+            let found: Option<i64> =
+                sqlx::query_scalar(super::audited(&super::sql(CHECK_FENCE, table)))
+                    .bind(key)
+                    .bind(owner)
+                    .bind(fencing_token)
+                    .fetch_optional(conn)
+                    .await?;
+            Ok(found.is_some())
+        }
+
         fn run_script<'a>(
             conn: &'a mut sqlx::pool::PoolConnection<Self>,
             script: &'a str,

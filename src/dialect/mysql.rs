@@ -202,18 +202,6 @@ impl Backend for MySql {
         Ok(row.map(|(owner, token, expired)| (owner, token, expired != 0)))
     }
 
-    async fn reap_batch(
-        pool: &Pool<Self>,
-        sql: &Statements,
-        batch: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.reap))
-            .bind(batch)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
     fn contention(err: &sqlx::Error) -> Contention {
         match error_number(err) {
             Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_DEADLOCK | ER_LOCK_NOWAIT) => Contention::LostRace,
@@ -286,22 +274,6 @@ impl Backend for MySql {
             error_number(err),
             Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT)
         )
-    }
-
-    async fn check_fence(
-        conn: &mut sqlx::MySqlConnection,
-        table: &str,
-        key: &str,
-        owner: &str,
-        fencing_token: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let found: Option<i64> = sqlx::query_scalar(audited(&sql(CHECK_FENCE, table)))
-            .bind(key)
-            .bind(owner)
-            .bind(fencing_token)
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.is_some())
     }
 
     super::portable_ops!();

@@ -141,18 +141,6 @@ impl Backend for Postgres {
             .await
     }
 
-    async fn reap_batch(
-        pool: &Pool<Self>,
-        sql: &Statements,
-        batch: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.reap))
-            .bind(batch)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
     fn contention(err: &sqlx::Error) -> Contention {
         // unique violation, serialization failure, deadlock, lock not available
         match db_code(err).as_deref() {
@@ -221,22 +209,6 @@ impl Backend for Postgres {
     fn is_row_locked(err: &sqlx::Error) -> bool {
         // lock_not_available: NOWAIT, or lock_timeout ran out
         db_code(err).as_deref() == Some("55P03")
-    }
-
-    async fn check_fence(
-        conn: &mut sqlx::PgConnection,
-        table: &str,
-        key: &str,
-        owner: &str,
-        fencing_token: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let found: Option<i64> = sqlx::query_scalar(audited(&sql(CHECK_FENCE, table)))
-            .bind(key)
-            .bind(owner)
-            .bind(fencing_token)
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.is_some())
     }
 
     super::portable_ops!();

@@ -154,18 +154,6 @@ impl Backend for Sqlite {
             .await
     }
 
-    async fn reap_batch(
-        pool: &Pool<Self>,
-        sql: &Statements,
-        batch: i64,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.reap))
-            .bind(batch)
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
     fn contention(err: &sqlx::Error) -> Contention {
         // SQLITE_BUSY and SQLITE_LOCKED with their extended codes: another writer.
         let busy = db_code(err)
@@ -243,22 +231,6 @@ impl Backend for Sqlite {
         Self::contention(err) == Contention::LostRace && !is_unique_violation(err)
     }
 
-    async fn check_fence(
-        conn: &mut sqlx::SqliteConnection,
-        table: &str,
-        key: &str,
-        owner: &str,
-        fencing_token: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let found: Option<i64> = sqlx::query_scalar(audited(&sqlite_sql(CHECK_FENCE, table)))
-            .bind(key)
-            .bind(owner)
-            .bind(fencing_token)
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.is_some())
-    }
-
     super::portable_ops!();
 }
 
@@ -266,5 +238,6 @@ impl Backend for Sqlite {
 // from now until it ends no other writer (takeover, release, renewal) can commit.
 const CHECK_FENCE: &str = "\
 UPDATE {table} SET lock_value = lock_value
- WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3 AND expire_time > {now}
+ WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
+   AND expire_time > strftime('%Y-%m-%d %H:%M:%f', 'now')
 RETURNING fencing_token";
