@@ -20,8 +20,9 @@ use crate::lease::Lease;
 /// # Drop
 /// Dropping a guard that was not released stops its watchdog and deletes the row in a task
 /// spawned at once on the current tokio runtime. That release is best effort and not
-/// awaited: if it cannot run (no runtime, database unreachable) the lease simply expires
-/// at [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
+/// awaited: it is retried while the lease lasts, and if it cannot run (no runtime, database
+/// unreachable until then) the lease simply expires at [`expires_at`](Self::expires_at).
+/// Call `release().await` to know it happened.
 #[must_use = "the lock is released as soon as the guard is dropped; keep it and call release().await"]
 pub struct LockGuard<DB: Backend> {
     lease: Arc<Lease<DB>>,
@@ -139,7 +140,7 @@ impl<DB: Backend> LockGuard<DB> {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_held()),
             Err(err) => {
-                // Try once more in the background; the lease expires if that fails too.
+                // Keep trying in the background until the lease would expire anyway.
                 spawn_end(Arc::clone(&self.lease));
                 Err(err.into())
             }
@@ -167,14 +168,25 @@ impl<DB: Backend> Drop for LockGuard<DB> {
     }
 }
 
+/// Ends the lease in the background. A release whose outcome is unknown (the connection
+/// failed) is retried with the lock's backoff until the lease's deadline: giving up at the
+/// first failure, in the middle of the outage that caused it, would leave the row held by
+/// nobody for the rest of the lease. Past the deadline the row is expired anyway.
 fn spawn_end<DB: Backend>(lease: Arc<Lease<DB>>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(key = %lease.key, owner = %lease.owner, "no tokio runtime: lock left to expire");
         return;
     };
     runtime.spawn(async move {
-        if let Err(err) = lease.end().await {
-            tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+        let mut delays = lease.shared.retry.delays();
+        loop {
+            let Err(err) = lease.end().await else { return };
+            let retry_at = Instant::now() + delays.next().unwrap_or_default();
+            if retry_at >= lease.deadline() {
+                tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+                return;
+            }
+            tokio::time::sleep_until(retry_at).await;
         }
     });
 }

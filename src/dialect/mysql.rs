@@ -79,10 +79,16 @@ impl super::sealed::Sealed for MySql {}
 
 impl Backend for MySql {
     type Statements = Statements;
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
-        "V1__distributed_lock.sql",
-        include_str!("../../migrations/mysql/V1__distributed_lock.sql"),
-    )];
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
+        (
+            "V1__distributed_lock.sql",
+            include_str!("../../migrations/mysql/V1__distributed_lock.sql"),
+        ),
+        (
+            "V2__lock_key_bytes.sql",
+            include_str!("../../migrations/mysql/V2__lock_key_bytes.sql"),
+        ),
+    ];
 
     fn statements(table: &str) -> Statements {
         Statements {
