@@ -127,10 +127,12 @@ pub(crate) fn validate_range(
 }
 
 /// Accepts plain identifiers only: `[A-Za-z_][A-Za-z0-9_]*`, at most
-/// [`MAX_TABLE_NAME_BYTES`]. Such a name needs no quoting on any backend, so it can be
-/// spliced into SQL text without opening a door to injection.
+/// [`MAX_TABLE_NAME_BYTES`], and not a word any of the backends reserves (see
+/// [`RESERVED_WORDS`]). Such a name needs no quoting on any backend, so it can be spliced
+/// into SQL text without opening a door to injection, and the same name works everywhere.
 pub(crate) fn validate_table_name(name: &str) -> Result<()> {
     let mut chars = name.chars();
+    let lower = name.to_ascii_lowercase();
     let reason = match chars.next() {
         None => "the name is empty",
         Some(_) if name.len() > MAX_TABLE_NAME_BYTES => "the name is longer than 40 bytes",
@@ -140,6 +142,10 @@ pub(crate) fn validate_table_name(name: &str) -> Result<()> {
         Some(_) if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') => {
             "the name may hold only ASCII letters, digits and underscores"
         }
+        Some(_) if RESERVED_WORDS.binary_search(&lower.as_str()).is_ok() => {
+            "the name is a reserved SQL word on PostgreSQL, MySQL/MariaDB or SQLite"
+        }
+        Some(_) if lower.starts_with("sqlite_") => "SQLite reserves names starting with sqlite_",
         Some(_) => return Ok(()),
     };
     Err(Error::InvalidTableName {
@@ -147,6 +153,59 @@ pub(crate) fn validate_table_name(name: &str) -> Result<()> {
         reason,
     })
 }
+
+/// Words that cannot name a table unquoted on at least one backend, lower case, sorted
+/// (byte order) for binary search. Checked one by one with `CREATE TABLE <word>` against
+/// PostgreSQL 15 (its reserved and type/function-name keywords), MariaDB 10.11 (every word
+/// of `information_schema.keywords`) and SQLite 3.40 (its keyword list); MySQL 8's
+/// additions (`rank`, `system`, window functions, ...) are taken from its manual.
+/// Without this check a name like `order` passed validation and `migrate()` failed after
+/// creating the history table (and on MySQL the fencing table).
+#[rustfmt::skip]
+const RESERVED_WORDS: &[&str] = &[
+    "accessible", "add", "all", "alter", "analyse", "analyze", "and", "any", "array", "as",
+    "asc", "asensitive", "asymmetric", "authorization", "autoincrement", "before",
+    "between", "bigint", "binary", "blob", "both", "by", "call", "cascade", "case", "cast",
+    "change", "char", "character", "check", "collate", "collation", "column", "commit",
+    "concurrently", "condition", "constraint", "continue", "convert", "create", "cross",
+    "cube", "cume_dist", "current_catalog", "current_date", "current_role",
+    "current_schema", "current_time", "current_timestamp", "current_user", "cursor",
+    "databases", "day_hour", "day_microsecond", "day_minute", "day_second", "dec",
+    "decimal", "declare", "default", "deferrable", "delayed", "delete", "delete_domain_id",
+    "dense_rank", "desc", "describe", "deterministic", "distinct", "distinctrow", "div",
+    "do", "do_domain_ids", "double", "drop", "dual", "each", "else", "elseif", "empty",
+    "enclosed", "end", "escape", "escaped", "except", "exists", "exit", "explain", "false",
+    "fetch", "first_value", "float", "float4", "float8", "for", "force", "foreign",
+    "freeze", "from", "full", "fulltext", "function", "grant", "group", "grouping",
+    "groups", "having", "high_priority", "hour_microsecond", "hour_minute", "hour_second",
+    "if", "ignore", "ignore_domain_ids", "ilike", "in", "index", "infile", "initially",
+    "inner", "inout", "insensitive", "insert", "int", "int1", "int2", "int3", "int4",
+    "int8", "integer", "intersect", "interval", "into", "is", "isnull", "iterate", "join",
+    "json_table", "key", "keys", "kill", "lag", "last_value", "lateral", "lead", "leading",
+    "leave", "left", "like", "limit", "linear", "lines", "load", "localtime",
+    "localtimestamp", "lock", "long", "longblob", "longtext", "loop", "low_priority",
+    "master_demote_to_replica", "master_demote_to_slave", "master_ssl_verify_server_cert",
+    "match", "maxvalue", "mediumblob", "mediumint", "mediumtext", "member", "middleint",
+    "minute_microsecond", "minute_second", "mod", "modifies", "natural",
+    "no_write_to_binlog", "not", "nothing", "notnull", "nth_value", "ntile", "null",
+    "numeric", "of", "offset", "on", "only", "optimize", "optionally", "or", "order", "out",
+    "outer", "outfile", "over", "overlaps", "page_checksum", "parse_vcol_expr", "partition",
+    "percent_rank", "placing", "portion", "precision", "primary", "procedure", "purge",
+    "qualify", "range", "rank", "read", "read_write", "reads", "real", "recursive",
+    "ref_system_id", "references", "regexp", "release", "rename", "repeat", "replace",
+    "require", "resignal", "restrict", "return", "returning", "revoke", "right", "rlike",
+    "row", "row_number", "rows", "schemas", "second_microsecond", "select", "sensitive",
+    "separator", "session_user", "set", "show", "signal", "similar", "smallint", "some",
+    "spatial", "specific", "sql", "sql_big_result", "sql_calc_found_rows",
+    "sql_small_result", "sqlexception", "sqlstate", "sqlwarning", "ssl", "starting",
+    "stats_auto_recalc", "stats_persistent", "stats_sample_pages", "straight_join",
+    "symmetric", "system", "table", "tablesample", "terminated", "then", "tinyblob",
+    "tinyint", "tinytext", "to", "trailing", "transaction", "trigger", "true", "undo",
+    "union", "unique", "unlock", "unsigned", "update", "usage", "use", "user", "using",
+    "utc_date", "utc_time", "utc_timestamp", "values", "varbinary", "varchar",
+    "varcharacter", "variadic", "varying", "verbose", "when", "where", "while", "window",
+    "with", "write", "xor", "year_month", "zerofill",
+];
 
 /// Owner prefixes end up in the `VARCHAR(64)` owner column and in operators' logs.
 pub(crate) fn validate_owner_prefix(prefix: &str) -> Result<()> {
@@ -192,9 +251,24 @@ mod tests {
             "x\"y",
             "é",
             &"a".repeat(41),
+            "order",
+            "SELECT",
+            "User",
+            "key",
+            "sqlite_locks",
         ] {
             assert!(validate_table_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn reserved_words_are_sorted_lower_case() {
+        assert!(RESERVED_WORDS.windows(2).all(|w| w[0] < w[1]));
+        assert!(
+            RESERVED_WORDS
+                .iter()
+                .all(|w| *w == w.to_ascii_lowercase().as_str())
+        );
     }
 
     #[test]

@@ -53,7 +53,7 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// The configured table name is not a plain SQL identifier.
+    /// The configured table name is not a plain SQL identifier, or is a reserved word.
     #[error("invalid table name {name:?}: {reason}")]
     InvalidTableName {
         /// The name as given.

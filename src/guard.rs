@@ -140,7 +140,7 @@ impl<DB: Backend> LockGuard<DB> {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_held()),
             Err(err) => {
-                // Try once more in the background; the lease expires if that fails too.
+                // Keep trying in the background until the lease would expire anyway.
                 spawn_end(Arc::clone(&self.lease));
                 Err(err.into())
             }
@@ -168,6 +168,10 @@ impl<DB: Backend> Drop for LockGuard<DB> {
     }
 }
 
+/// Ends the lease in the background. A release whose outcome is unknown (the connection
+/// failed) is retried with the lock's backoff until the lease's deadline: giving up at the
+/// first failure, in the middle of the outage that caused it, would leave the row held by
+/// nobody for the rest of the lease. Past the deadline the row is expired anyway.
 fn spawn_end<DB: Backend>(lease: Arc<Lease<DB>>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(key = %lease.key, owner = %lease.owner, "no tokio runtime: lock left to expire");

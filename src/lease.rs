@@ -1,12 +1,15 @@
 //! A held lease and its watchdog: renews the row while it is ours, and says when it is not.
 //!
 //! Every held lease has one monitor task. With renewal on, it sends an owner- and
-//! token-checked `UPDATE` every `min(interval, lease / 3)`; a failed statement is retried
-//! with backoff until the lease's own deadline, and only then is the lease declared lost
-//! (a statement still in flight at the deadline is abandoned then).
-//! With renewal off, it only fires `Expired` at the deadline. Ending a lease stops the
-//! monitor and waits for it before the `DELETE`: the monitor never abandons a statement
-//! half-way, so no renewal reaches the database after the release.
+//! token-checked `UPDATE` every `min(interval, lease / 3)`, counted from when the last
+//! successful statement was sent; a failed statement is retried with backoff until the
+//! lease's own deadline, and only then is the lease declared lost. A statement still
+//! unanswered at the deadline (a black-holed connection never fails by itself) is
+//! abandoned, so the loss is reported on time. With renewal off, the monitor only fires
+//! `Expired` at the deadline. Ending a lease stops the monitor and waits for it before the
+//! `DELETE`: the monitor never abandons a statement half-way while the lease is live, so
+//! no renewal reaches the database after the release. (One abandoned at the deadline can
+//! only extend a row that is still ours and unexpired when it lands.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +21,7 @@ use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::micros;
-use crate::dialect::{Acquired, Backend, LockId};
+use crate::dialect::{Acquired, Backend, Contention, LockId};
 use crate::error::LostReason;
 use crate::locker::Shared;
 use crate::stats::Counters;
@@ -118,7 +121,7 @@ impl<DB: Backend> Lease<DB> {
         self.status.send_modify(|s| s.expires_at = expires_at);
     }
 
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -157,7 +160,21 @@ impl<DB: Backend> Lease<DB> {
     pub(crate) async fn end(&self) -> Result<bool, sqlx::Error> {
         self.stop.cancel();
         self.stopped.cancelled().await;
-        let deleted = DB::release(&self.shared.pool, &self.shared.sql, self.id()).await?;
+        let mut delays = self.shared.retry.delays();
+        let deleted = loop {
+            match DB::release(&self.shared.pool, &self.shared.sql, self.id()).await {
+                // MariaDB picks the DELETE as a deadlock victim under a storm of acquisition
+                // attempts on the key (SQLite: busy). Nothing was deleted, and the owner-
+                // and token-checked DELETE is safe to repeat while the lease lasts.
+                Err(err)
+                    if DB::contention(&err) == Contention::LostRace
+                        && Instant::now() < self.deadline() =>
+                {
+                    tokio::time::sleep(delays.next().unwrap_or_default()).await;
+                }
+                outcome => break outcome?,
+            }
+        };
         if deleted {
             Counters::bump(&self.shared.counters.released);
         }
@@ -210,7 +227,9 @@ impl<DB: Backend> Lease<DB> {
 
     async fn renew_until_stopped(&self, interval: Duration) {
         let shared = &self.shared;
-        let mut next = Instant::now() + interval;
+        // Counted from when the acquisition was sent, like the deadline: a slow acquire
+        // has already used up part of the interval.
+        let mut next = self.deadline() - self.length + interval;
         let mut backoff = None;
         loop {
             if !self.sleep_unless_stopped(next.min(self.deadline())).await {
@@ -227,12 +246,16 @@ impl<DB: Backend> Lease<DB> {
             }
             // Counted before sending: after `end()` returns, this counter never moves.
             Counters::bump(&shared.counters.renewals);
-            // Bounded by the deadline: a statement stuck in a dead connection (or a pool
-            // waiting to connect) must not keep `lost()` from firing when the lease ends.
+            // Past the deadline an answer is worthless: the lease may be someone else's.
             let extend = DB::extend(&shared.pool, &shared.sql, self.id(), micros(self.length));
             let outcome = tokio::time::timeout_at(self.deadline(), extend)
                 .await
-                .unwrap_or(Err(sqlx::Error::PoolTimedOut));
+                .unwrap_or_else(|_| {
+                    Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer before the lease's deadline",
+                    )))
+                });
             match outcome {
                 Ok(Some(expires_at)) => {
                     self.renewed(expires_at, sent_at, self.length);

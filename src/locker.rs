@@ -87,7 +87,8 @@ pub struct LockerBuilder<DB: Backend> {
 
 impl<DB: Backend> LockerBuilder<DB> {
     /// The lock table. Default: [`DEFAULT_TABLE`] (`distributed_lock`). Must be a plain
-    /// identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 bytes); checked by [`build`](Self::build).
+    /// identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 bytes) that no backend reserves
+    /// (not `order`, `user`, `key`, ...); checked by [`build`](Self::build).
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
         self
@@ -232,7 +233,9 @@ impl<DB: Backend> Locker<DB> {
     /// instant (duplicate key, deadlock, busy): losing is never an error.
     ///
     /// Errors: [`Error::InvalidKey`], [`Error::InvalidDuration`] (nothing is written), or
-    /// [`Error::Database`].
+    /// [`Error::Database`]: the statement or its answer was lost. If the database did
+    /// grant the lock, the row is deleted in the background as soon as the database can
+    /// be reached again (trying until the lease would have ended).
     ///
     /// # Cancel safety
     /// Cancel safe. The statement runs in a task of its own; if this future is dropped at
@@ -241,7 +244,7 @@ impl<DB: Backend> Locker<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        self.attempt(key, &self.new_owner(), lease).await
+        self.attempt(key, &self.new_owner(), lease, true).await
     }
 
     /// Takes `key` for `lease`, retrying with exponential backoff and full jitter (see
@@ -261,7 +264,7 @@ impl<DB: Backend> Locker<DB> {
         validate_lease(lease)?;
         validate_wait(wait)?;
         let owner = self.new_owner();
-        self.retry_until(key, wait, || self.attempt(key, &owner, lease))
+        self.retry_until(key, wait, || self.attempt(key, &owner, lease, true))
             .await
     }
 
@@ -361,11 +364,14 @@ impl<DB: Backend> Locker<DB> {
     }
 
     /// One acquisition attempt with an owner value chosen by the caller (validated input).
+    /// `single_use`: no attempt will use this owner value after this one fails (true for
+    /// a plain locker's fresh values, false for a reentrant [`Owner`]'s fixed one).
     pub(crate) async fn attempt(
         &self,
         key: &str,
         owner: &str,
         lease: Duration,
+        single_use: bool,
     ) -> Result<Option<LockGuard<DB>>> {
         let shared = Arc::clone(&self.shared);
         let renew = self
@@ -393,10 +399,20 @@ impl<DB: Backend> Locker<DB> {
                     tracing::trace!(key, error = %err, "lost an acquisition race");
                     Ok(None)
                 }
+                Err(err) if single_use => {
+                    // The reply was lost, not necessarily the statement, and the connection
+                    // that lost it is likely down for a while. Answer now, then keep trying
+                    // to remove a row this owner may have committed until its lease would
+                    // have ended anyway: nobody else will ever use this owner value.
+                    drop(reply.send(Err(Error::from(err))));
+                    release_if_owned(&shared, &key, &owner, sent_at + lease).await;
+                    return;
+                }
                 Err(err) => {
-                    // The reply was lost, not necessarily the statement: remove a row this
-                    // owner may have committed.
-                    release_if_owned(&shared, &key, &owner).await;
+                    // A reentrant owner may try again with the same value as soon as it has
+                    // the answer: clean up once, before answering, so that no cleanup can
+                    // delete its next acquisition.
+                    release_if_owned(&shared, &key, &owner, Instant::now()).await;
                     Err(Error::from(err))
                 }
             };
@@ -408,16 +424,40 @@ impl<DB: Backend> Locker<DB> {
     }
 }
 
-/// Best effort, after an acquisition whose outcome is unknown.
-async fn release_if_owned<DB: Backend>(shared: &Shared<DB>, key: &str, owner: &str) {
-    if let Ok(Some((holder, fencing_token, _))) = DB::inspect(&shared.pool, &shared.sql, key).await
-        && holder == owner
-    {
-        let id = LockId {
-            key,
-            owner,
-            fencing_token,
+/// After an acquisition whose outcome is unknown: deletes the row if `owner` holds it,
+/// retrying failed statements with the retry policy's sleeps until `until`.
+async fn release_if_owned<DB: Backend>(
+    shared: &Shared<DB>,
+    key: &str,
+    owner: &str,
+    until: Instant,
+) {
+    let mut delays = shared.retry.delays();
+    loop {
+        let done = match DB::inspect(&shared.pool, &shared.sql, key).await {
+            Ok(Some((holder, fencing_token, _))) if holder == owner => {
+                let id = LockId {
+                    key,
+                    owner,
+                    fencing_token,
+                };
+                DB::release(&shared.pool, &shared.sql, id).await.is_ok()
+            }
+            // No row, or someone else's: nothing of ours to remove.
+            Ok(_) => true,
+            Err(_) => false,
         };
-        let _ = DB::release(&shared.pool, &shared.sql, id).await;
+        let retry_at = Instant::now() + delays.next().unwrap_or_default();
+        if done || retry_at >= until {
+            if !done {
+                tracing::warn!(
+                    key,
+                    owner,
+                    "could not check for a row left by a failed acquisition; it will expire"
+                );
+            }
+            return;
+        }
+        tokio::time::sleep_until(retry_at).await;
     }
 }

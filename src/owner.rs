@@ -107,7 +107,7 @@ impl<DB: Backend> Owner<DB> {
         if let Some(nested) = self.nest(key) {
             return Ok(Some(nested));
         }
-        let guard = self.locker.attempt(key, &self.value, lease).await?;
+        let guard = self.locker.attempt(key, &self.value, lease, false).await?;
         if let Some(guard) = &guard {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             held.retain(|_, lease| lease.strong_count() > 0);

@@ -1,7 +1,7 @@
 //! MySQL 8 and MariaDB: every statement dblock sends to them, and how answers are read.
 //!
 //! sqlx always sets `CLIENT_FOUND_ROWS`, so an upsert's row count cannot tell a win from a
-//! loss. Acquire is therefore two statements: an upsert that inserts, or
+//! loss. Acquire is therefore two statements on one connection: an upsert that inserts, or
 //! takes over an expired row, then a read of the row's owner (ours means we won). Fencing
 //! tokens come from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
@@ -129,19 +129,34 @@ impl Backend for MySql {
         owner: &str,
         lease_micros: i64,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        // A deadlock here is a lost race with the holder's renewal or release, not an
-        // answer: the upsert was rolled back, so asking again is safe.
-        retry_deadlocks(|| {
-            sqlx::query(audited(&sql.acquire))
+        // Both statements on one connection: one pool checkout per attempt.
+        let mut conn = pool.acquire().await?;
+        let mut retries = 0;
+        loop {
+            let upsert = sqlx::query(audited(&sql.acquire))
                 .bind(key)
                 .bind(owner)
                 .bind(lease_micros)
-                .execute(pool)
-        })
-        .await?;
+                .execute(&mut *conn)
+                .await;
+            match upsert {
+                // A deadlock is a lost race with the holder's renewal or release, not an
+                // answer: the upsert was rolled back, so asking again is safe.
+                Err(err)
+                    if retries < DEADLOCK_RETRIES
+                        && error_number(&err) == Some(ER_LOCK_DEADLOCK) =>
+                {
+                    retries += 1;
+                }
+                outcome => {
+                    outcome?;
+                    break;
+                }
+            }
+        }
         let row: Option<(String, i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.read_owner))
             .bind(key)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
         Ok(match row {
             Some((holder, fencing_token, expires_at)) if holder == owner => Some(Acquired {

@@ -1,10 +1,11 @@
 //! SQLite, the embedded default: every statement dblock sends to SQLite, and how answers
 //! are read.
 //!
-//! SQLite has one writer at a time. Acquire is two statements in one `BEGIN IMMEDIATE`
-//! transaction: draw the next fencing token from the counter row, then upsert (insert, or
-//! take over an expired row) with `RETURNING`. The "database clock" is the clock of the
-//! machine running SQLite, in milliseconds.
+//! SQLite has one writer at a time. Acquire first reads whether the key is held by a live
+//! lease (then it has lost, without touching the write lock); otherwise it runs two
+//! statements in one `BEGIN IMMEDIATE` transaction: draw the next fencing token from the
+//! counter row, then upsert (insert, or take over an expired row) with `RETURNING`. The
+//! "database clock" is the clock of the machine running SQLite, in milliseconds.
 
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
@@ -17,6 +18,7 @@ use super::{
 /// SQLite's statements for one table.
 #[doc(hidden)]
 pub struct Statements {
+    held: Sql,
     next_token: Sql,
     acquire: Sql,
     release: Sql,
@@ -26,6 +28,9 @@ pub struct Statements {
 }
 
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+
+// Only a hint: the upsert below decides. A stale "held" is a lost race, tried again later.
+const HELD: &str = "SELECT 1 FROM {table} WHERE lock_key = ?1 AND expire_time > {now}";
 
 const NEXT_TOKEN: &str =
     "UPDATE {table}_fencing SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token";
@@ -80,6 +85,7 @@ impl Backend for Sqlite {
 
     fn statements(table: &str) -> Statements {
         Statements {
+            held: sqlite_sql(HELD, table),
             next_token: sqlite_sql(NEXT_TOKEN, table),
             acquire: sqlite_sql(ACQUIRE, table),
             release: sqlite_sql(RELEASE, table),
@@ -96,6 +102,16 @@ impl Backend for Sqlite {
         owner: &str,
         lease_micros: i64,
     ) -> Result<Option<Acquired>, sqlx::Error> {
+        // Without this read every losing attempt queued for the single write lock, waiting
+        // in SQLite's busy handler on a pooled connection: a hundred waiters on a small
+        // pool then starved the holder's own renewal and release (its lease was lost).
+        let held: Option<i64> = sqlx::query_scalar(audited(&sql.held))
+            .bind(key)
+            .fetch_optional(pool)
+            .await?;
+        if held.is_some() {
+            return Ok(None);
+        }
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
         let token: i64 = sqlx::query_scalar(audited(&sql.next_token))
             .fetch_one(&mut *tx)
