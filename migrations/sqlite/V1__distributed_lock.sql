@@ -11,11 +11,25 @@ CREATE TABLE IF NOT EXISTS {table} (
 
 CREATE INDEX IF NOT EXISTS {table}_expire_time_idx ON {table} (expire_time);
 
--- One counter row; SQLite has one writer at a time, so drawing the token inside the
--- acquiring transaction orders tokens exactly like acquisitions.
+-- One counter row. The acquiring upsert writes `last_token + 1` into the lock row and the
+-- triggers below move the counter up to it, all in that one statement; SQLite has one
+-- writer at a time, so tokens are ordered exactly like acquisitions. Plain-SQL rows keep
+-- the default 0 and leave the counter alone.
 CREATE TABLE IF NOT EXISTS {table}_fencing (
     id         INTEGER NOT NULL PRIMARY KEY CHECK (id = 1),
     last_token INTEGER NOT NULL
 );
 
 INSERT OR IGNORE INTO {table}_fencing (id, last_token) VALUES (1, 0);
+
+CREATE TRIGGER IF NOT EXISTS {table}_fence_insert AFTER INSERT ON {table}
+WHEN NEW.fencing_token > (SELECT last_token FROM {table}_fencing WHERE id = 1)
+BEGIN
+    UPDATE {table}_fencing SET last_token = NEW.fencing_token WHERE id = 1;
+END;
+
+CREATE TRIGGER IF NOT EXISTS {table}_fence_takeover AFTER UPDATE OF fencing_token ON {table}
+WHEN NEW.fencing_token > (SELECT last_token FROM {table}_fencing WHERE id = 1)
+BEGIN
+    UPDATE {table}_fencing SET last_token = NEW.fencing_token WHERE id = 1;
+END;

@@ -1,11 +1,12 @@
 //! SQLite, the embedded default: every statement dblock sends to SQLite, and how answers
 //! are read.
 //!
-//! SQLite has one writer at a time. Acquire first reads whether the key is held by a live
-//! lease (then it has lost, without touching the write lock); otherwise it runs two
-//! statements in one `BEGIN IMMEDIATE` transaction: draw the next fencing token from the
-//! counter row, then upsert (insert, or take over an expired row) with `RETURNING`. The
-//! "database clock" is the clock of the machine running SQLite, in milliseconds.
+//! SQLite has one writer at a time. Acquire is two statements: a read of whether the key
+//! is held by a live lease (then it has lost, without queueing for the write lock), then
+//! one upsert (insert, or take over an expired row) that takes the next fencing token from
+//! the counter row and returns it; a trigger moves the counter forward in the same
+//! statement. The "database clock" is the clock of the machine running SQLite, in
+//! milliseconds.
 
 use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
@@ -19,7 +20,6 @@ use super::{
 #[doc(hidden)]
 pub struct Statements {
     held: Sql,
-    next_token: Sql,
     acquire: Sql,
     release: Sql,
     extend: Sql,
@@ -32,12 +32,10 @@ const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 // Only a hint: the upsert below decides. A stale "held" is a lost race, tried again later.
 const HELD: &str = "SELECT 1 FROM {table} WHERE lock_key = ?1 AND expire_time > {now}";
 
-const NEXT_TOKEN: &str =
-    "UPDATE {table}_fencing SET last_token = last_token + 1 WHERE id = 1 RETURNING last_token";
-
 const ACQUIRE: &str = "\
 INSERT INTO {table} (lock_key, lock_value, expire_time, fencing_token, acquired_at)
-VALUES (?1, ?2, strftime('%Y-%m-%d %H:%M:%f', 'now', ?3), ?4, {now})
+VALUES (?1, ?2, strftime('%Y-%m-%d %H:%M:%f', 'now', ?3),
+        (SELECT last_token + 1 FROM {table}_fencing WHERE id = 1), {now})
 ON CONFLICT (lock_key) DO UPDATE
    SET lock_value = excluded.lock_value,
        expire_time = excluded.expire_time,
@@ -86,7 +84,6 @@ impl Backend for Sqlite {
     fn statements(table: &str) -> Statements {
         Statements {
             held: sqlite_sql(HELD, table),
-            next_token: sqlite_sql(NEXT_TOKEN, table),
             acquire: sqlite_sql(ACQUIRE, table),
             release: sqlite_sql(RELEASE, table),
             extend: sqlite_sql(EXTEND, table),
@@ -112,18 +109,14 @@ impl Backend for Sqlite {
         if held.is_some() {
             return Ok(None);
         }
-        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-        let token: i64 = sqlx::query_scalar(audited(&sql.next_token))
-            .fetch_one(&mut *tx)
-            .await?;
+        // One statement, atomic on its own; the migration's trigger moves the counter
+        // forward whenever a row is written with a new token.
         let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
             .bind(key)
             .bind(owner)
             .bind(modifier(lease_micros))
-            .bind(token)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(pool)
             .await?;
-        tx.commit().await?;
         Ok(row.map(|(fencing_token, expires_at)| Acquired {
             fencing_token,
             expires_at,
