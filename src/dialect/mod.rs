@@ -301,6 +301,7 @@ pub(crate) fn audited(sql: &Sql) -> sqlx::AssertSqlSafe<Sql> {
 }
 
 /// The code of a database error, if the error came from the server.
+#[cfg_attr(not(all(feature = "postgres", feature = "sqlite")), allow(dead_code))] // not every backend reads codes
 pub(crate) fn db_code(err: &sqlx::Error) -> Option<String> {
     match err {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
@@ -309,6 +310,7 @@ pub(crate) fn db_code(err: &sqlx::Error) -> Option<String> {
 }
 
 /// Whether the server reported a duplicate key.
+#[cfg_attr(not(all(feature = "mysql", feature = "sqlite")), allow(dead_code))] // not every backend asks
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
 }
@@ -317,5 +319,9 @@ pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
 mod portable;
 use crate::row_lock::RowLockMode;
 pub use portable::SqlValue;
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_imports)
+)] // SQLite has no FOR UPDATE
 pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
 use sqlx::Transaction;

@@ -36,6 +36,7 @@ pub(crate) fn select_keys<DB: Backend>(table: &Ident, key: &Ident, count: usize)
 
 /// The standard row-locking clause, as PostgreSQL and MySQL 8 / MariaDB spell it. A lock
 /// timeout is not part of it: each dialect sets that its own way.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))] // SQLite has no FOR UPDATE
 pub(crate) fn for_update(mode: RowLockMode) -> &'static str {
     match mode {
         RowLockMode::NoWait => " FOR UPDATE NOWAIT",
