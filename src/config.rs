@@ -100,6 +100,13 @@ pub(crate) fn validate_key(key: &str) -> Result<()> {
     })
 }
 
+/// Everything a waiting acquire checks before it writes anything.
+pub(crate) fn validate_acquire(key: &str, lease: Duration, wait: Duration) -> Result<()> {
+    validate_key(key)?;
+    validate_lease(lease)?;
+    validate_wait(wait)
+}
+
 /// Rejects leases outside `[MIN_LEASE, MAX_LEASE]`.
 pub(crate) fn validate_lease(lease: Duration) -> Result<()> {
     validate_range("lease", lease, MIN_LEASE, MAX_LEASE)

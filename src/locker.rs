@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use crate::config::{
     DEFAULT_LEASE, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MIN_LEASE, RetryPolicy, micros,
-    validate_key, validate_lease, validate_owner_prefix, validate_range, validate_table_name,
-    validate_wait,
+    validate_acquire, validate_key, validate_lease, validate_owner_prefix, validate_range,
+    validate_table_name,
 };
 use crate::dialect::{Backend, Contention, LockId};
 use crate::error::{Error, Result};
@@ -260,9 +260,7 @@ impl<DB: Backend> Locker<DB> {
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
-        validate_key(key)?;
-        validate_lease(lease)?;
-        validate_wait(wait)?;
+        validate_acquire(key, lease, wait)?;
         let owner = self.new_owner();
         self.retry_until(key, wait, || self.attempt(key, &owner, lease, true))
             .await

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use crate::config::{validate_key, validate_lease, validate_wait};
+use crate::config::{validate_acquire, validate_key, validate_lease};
 use crate::dialect::Backend;
 use crate::error::Result;
 use crate::guard::LockGuard;
@@ -91,9 +91,7 @@ impl<DB: Backend> Owner<DB> {
         lease: Duration,
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
-        validate_key(key)?;
-        validate_lease(lease)?;
-        validate_wait(wait)?;
+        validate_acquire(key, lease, wait)?;
         self.locker
             .retry_until(key, wait, || self.attempt(key, lease))
             .await

@@ -32,31 +32,26 @@ async fn proxied_pool<DB: TestBackend>(db: &TestDb<DB>) -> (Pool<DB>, Proxy) {
     (pool, proxy)
 }
 
-impl Outage for Postgres {
-    type Fault = Proxy;
-    async fn faulty_pool(db: &TestDb<Self>) -> (Pool<Self>, Proxy) {
-        proxied_pool(db).await
-    }
-    async fn begin_outage(proxy: &Proxy) {
-        proxy.cut();
-    }
-    async fn end_outage(proxy: &Proxy) {
-        proxy.restore();
-    }
+/// PostgreSQL and MySQL: the fault is the proxy.
+macro_rules! proxied_outage {
+    ($db:ty) => {
+        impl Outage for $db {
+            type Fault = Proxy;
+            async fn faulty_pool(db: &TestDb<Self>) -> (Pool<Self>, Proxy) {
+                proxied_pool(db).await
+            }
+            async fn begin_outage(proxy: &Proxy) {
+                proxy.cut();
+            }
+            async fn end_outage(proxy: &Proxy) {
+                proxy.restore();
+            }
+        }
+    };
 }
 
-impl Outage for MySql {
-    type Fault = Proxy;
-    async fn faulty_pool(db: &TestDb<Self>) -> (Pool<Self>, Proxy) {
-        proxied_pool(db).await
-    }
-    async fn begin_outage(proxy: &Proxy) {
-        proxy.cut();
-    }
-    async fn end_outage(proxy: &Proxy) {
-        proxy.restore();
-    }
-}
+proxied_outage!(Postgres);
+proxied_outage!(MySql);
 
 /// SQLite has no connection to cut; the nearest outage is another connection holding the
 /// database's write lock, so every write of the locker's pool fails with SQLITE_BUSY.
