@@ -62,10 +62,10 @@ pub struct SqliteFault {
 impl Outage for Sqlite {
     type Fault = SqliteFault;
     async fn faulty_pool(db: &TestDb<Self>) -> (Pool<Self>, SqliteFault) {
-        // Busy for 50 ms is an error here, so a blocked renewal fails fast and retries.
+        // Busy for 250 ms is an error here, so a blocked renewal fails fast and retries.
         let options = SqliteConnectOptions::new()
             .filename(&db.location)
-            .busy_timeout(Duration::from_millis(50));
+            .busy_timeout(Duration::from_millis(250));
         let pool = SqlitePoolOptions::new()
             .max_connections(8)
             .connect_with(options)
