@@ -1,0 +1,516 @@
+//! The baselines dblock is measured against, written by hand with sqlx.
+//!
+//! *Hand-written*: the very statements dblock sends (copied below from
+//! `src/dialect/{postgres,mysql}.rs`, and checked against that source at start-up so the
+//! copy cannot drift), sent the way dblock's dialect sends them (same binds, same
+//! deadlock retries on MySQL). The ratio dblock / hand-written then measures dblock's own
+//! work (input validation, owner value, task spawn, guard, watchdog) and nothing else.
+//!
+//! *Seeds'*: the simpler scheme the tutorials in `shared/seeds` teach, on their
+//! three-column table: a plain `INSERT` (a duplicate key means someone else holds the
+//! lock; no takeover of expired rows, no fencing token) and an owner-checked `DELETE`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::future::BoxFuture;
+use sqlx::mysql::MySqlDatabaseError;
+use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
+
+use crate::measure::{BoxError, Contender};
+
+/// The lease every uncontended cycle asks for (dblock's default lease).
+pub const LEASE: Duration = dblock::DEFAULT_LEASE;
+
+fn lease_micros(lease: Duration) -> i64 {
+    i64::try_from(lease.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A fresh owner value, made as dblock makes its own (32 hex digits of a v4 UUID).
+pub fn new_owner() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+// PostgreSQL, from src/dialect/postgres.rs.
+const PG_ACQUIRE: &str = "\
+WITH serialize AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+)
+INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
+SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
+       nextval('{table}_fencing_seq'), clock_timestamp()
+  FROM serialize
+ON CONFLICT (lock_key) DO UPDATE
+   SET lock_value = EXCLUDED.lock_value,
+       expire_time = EXCLUDED.expire_time,
+       fencing_token = EXCLUDED.fencing_token,
+       acquired_at = EXCLUDED.acquired_at
+ WHERE held.expire_time <= clock_timestamp()
+RETURNING fencing_token, expire_time";
+
+const PG_RELEASE: &str =
+    "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3";
+
+// MySQL / MariaDB, from src/dialect/mysql.rs.
+const MY_ACQUIRE: &str = "\
+INSERT INTO {table} (lock_key, lock_value, expire_time, acquired_at)
+VALUES (?, ?, NOW(6) + INTERVAL ? MICROSECOND, NOW(6))
+ON DUPLICATE KEY UPDATE
+    lock_value  = IF(expire_time <= NOW(6), VALUES(lock_value), lock_value),
+    fencing_token = IF(lock_value = VALUES(lock_value), VALUES(fencing_token), fencing_token),
+    acquired_at = IF(lock_value = VALUES(lock_value), VALUES(acquired_at), acquired_at),
+    expire_time = IF(lock_value = VALUES(lock_value), VALUES(expire_time), expire_time)";
+
+const MY_READ_OWNER: &str =
+    "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
+
+const MY_RELEASE: &str =
+    "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ? AND fencing_token = ?";
+
+// The fencing check `LockGuard::assert_held` runs inside the caller's transaction (the
+// stock section's hand-written lock-table strategy sends it too).
+const PG_CHECK_FENCE: &str = "\
+SELECT fencing_token FROM {table}
+ WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+   AND expire_time > clock_timestamp()
+   FOR SHARE";
+
+const MY_CHECK_FENCE: &str = "\
+SELECT fencing_token FROM {table}
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)
+  LOCK IN SHARE MODE";
+
+/// dblock's fencing check on `table`, PostgreSQL's or MySQL's.
+pub fn check_fence_sql(postgres: bool, table: &str) -> String {
+    let template = if postgres {
+        PG_CHECK_FENCE
+    } else {
+        MY_CHECK_FENCE
+    };
+    template.replace("{table}", table)
+}
+
+/// Fails when a statement above no longer matches the dialect source it was copied from.
+pub fn check_copies() -> Result<(), String> {
+    const PG_SOURCE: &str = include_str!("../../src/dialect/postgres.rs");
+    const MY_SOURCE: &str = include_str!("../../src/dialect/mysql.rs");
+    let copies = [
+        ("postgres.rs", PG_SOURCE, "ACQUIRE", PG_ACQUIRE),
+        ("postgres.rs", PG_SOURCE, "RELEASE", PG_RELEASE),
+        ("mysql.rs", MY_SOURCE, "ACQUIRE", MY_ACQUIRE),
+        ("mysql.rs", MY_SOURCE, "READ_OWNER", MY_READ_OWNER),
+        ("mysql.rs", MY_SOURCE, "RELEASE", MY_RELEASE),
+        ("postgres.rs", PG_SOURCE, "CHECK_FENCE", PG_CHECK_FENCE),
+        ("mysql.rs", MY_SOURCE, "CHECK_FENCE", MY_CHECK_FENCE),
+    ];
+    for (file, source, name, copy) in copies {
+        match str_const(source, name) {
+            Some(original) if original == copy => {}
+            Some(_) => {
+                return Err(format!(
+                    "src/dialect/{file} changed its {name} statement: update the hand-written \
+                     copy in benches/compare/handwritten.rs so the baseline sends the same SQL"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "no `const {name}: &str` found in src/dialect/{file}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The value of `const NAME: &str = "...";` in Rust source: plain characters, line
+/// continuations and the simple escapes (all the dialect files use).
+fn str_const(source: &str, name: &str) -> Option<String> {
+    let at = source.find(&format!("const {name}: &str ="))?;
+    let literal = &source[at..];
+    let mut chars = literal[literal.find('"')? + 1..].chars().peekable();
+    let mut value = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(value),
+            '\\' => match chars.next()? {
+                '\n' => {
+                    while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                        chars.next();
+                    }
+                }
+                'n' => value.push('\n'),
+                '"' => value.push('"'),
+                '\\' => value.push('\\'),
+                _ => return None,
+            },
+            c => value.push(c),
+        }
+    }
+    None
+}
+
+/// A statement with the table name spliced in, as dblock keeps its own.
+fn statement(template: &str, table: &str) -> Arc<str> {
+    template.replace("{table}", table).into()
+}
+
+/// Marks a statement as audited: the only identifier in it is a bench table name.
+fn audited(sql: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(Arc::clone(sql))
+}
+
+/// A lock written by hand: what both baselines provide.
+pub trait HandLock: Send + Sync {
+    /// One attempt; the fencing token (0 where there is none) when it won.
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>>;
+
+    /// Owner-checked delete; `true` when the row was ours.
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+
+    /// Whether an acquisition error only means "someone else got in the way" (duplicate
+    /// key, deadlock, lock wait), as any careful hand-written code would read it.
+    fn lost_race(&self, err: &sqlx::Error) -> bool;
+}
+
+/// Reports a [`HandLock`] as a [`Contender`] under `name`.
+pub struct HandCycle {
+    pub name: String,
+    pub lock: Arc<dyn HandLock>,
+}
+
+impl Contender for HandCycle {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn cycle<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
+        Box::pin(async move {
+            let owner = new_owner();
+            let Some(token) = self.lock.acquire(key, &owner).await? else {
+                return Ok(false);
+            };
+            Ok(self.lock.release(key, &owner, token).await?)
+        })
+    }
+}
+
+fn pg_lost_race(err: &sqlx::Error) -> bool {
+    // unique violation, serialization failure, deadlock, lock not available
+    matches!(err, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("23505" | "40001" | "40P01" | "55P03")))
+}
+
+fn my_lost_race(err: &sqlx::Error) -> bool {
+    // duplicate key, lock wait timeout (1205), deadlock (1213)
+    match err {
+        sqlx::Error::Database(db) => {
+            db.is_unique_violation()
+                || db
+                    .try_downcast_ref::<MySqlDatabaseError>()
+                    .is_some_and(|e| matches!(e.number(), 1205 | 1213))
+        }
+        _ => false,
+    }
+}
+
+/// dblock's PostgreSQL statements, by hand: one upsert, one owner-checked delete.
+pub struct PgHand {
+    pool: PgPool,
+    acquire: Arc<str>,
+    release: Arc<str>,
+}
+
+impl PgHand {
+    pub fn new(pool: PgPool, table: &str) -> Self {
+        PgHand {
+            pool,
+            acquire: statement(PG_ACQUIRE, table),
+            release: statement(PG_RELEASE, table),
+        }
+    }
+}
+
+impl HandLock for PgHand {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&self.acquire))
+                .bind(key)
+                .bind(owner)
+                .bind(lease_micros(LEASE))
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(row.map(|(token, _expires_at)| token))
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(audited(&self.release))
+                .bind(key)
+                .bind(owner)
+                .bind(token)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn lost_race(&self, err: &sqlx::Error) -> bool {
+        pg_lost_race(err)
+    }
+}
+
+/// dblock's MySQL statements, by hand, sent as dblock sends them: the upsert, then the
+/// owner read, then the owner-checked delete, each through the pool, with the upsert and
+/// the delete repeated when InnoDB picks them as a deadlock victim (as a careful caller
+/// must: see the hot-key section).
+pub struct MyHand {
+    pool: MySqlPool,
+    acquire: Arc<str>,
+    read_owner: Arc<str>,
+    release: Arc<str>,
+}
+
+/// As dblock's dialect: how often a write rolled back as a deadlock victim is repeated.
+const DEADLOCK_RETRIES: u32 = 10;
+
+fn is_deadlock(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|e| e.number() == 1213))
+}
+
+impl MyHand {
+    pub fn new(pool: MySqlPool, table: &str) -> Self {
+        MyHand {
+            pool,
+            acquire: statement(MY_ACQUIRE, table),
+            read_owner: statement(MY_READ_OWNER, table),
+            release: statement(MY_RELEASE, table),
+        }
+    }
+
+    /// Runs the upsert or the delete (both bind key, owner, then a number), again while
+    /// it comes back as a deadlock victim.
+    async fn write(
+        &self,
+        sql: &Arc<str>,
+        key: &str,
+        owner: &str,
+        number: i64,
+    ) -> Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+        let mut retries = 0;
+        loop {
+            let query = sqlx::query(audited(sql)).bind(key).bind(owner).bind(number);
+            match query.execute(&self.pool).await {
+                Err(err) if retries < DEADLOCK_RETRIES && is_deadlock(&err) => retries += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
+impl HandLock for MyHand {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            self.write(&self.acquire, key, owner, lease_micros(LEASE))
+                .await?;
+            let row: Option<(String, i64, DateTime<Utc>)> =
+                sqlx::query_as(audited(&self.read_owner))
+                    .bind(key)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            Ok(match row {
+                Some((holder, token, _expires_at)) if holder == owner => Some(token),
+                _ => None,
+            })
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = self.write(&self.release, key, owner, token).await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn lost_race(&self, err: &sqlx::Error) -> bool {
+        my_lost_race(err)
+    }
+}
+
+/// The seeds' scheme on PostgreSQL.
+pub struct PgSeed {
+    pool: PgPool,
+    insert: Arc<str>,
+    delete: Arc<str>,
+}
+
+impl PgSeed {
+    pub fn create_table(table: &str) -> String {
+        format!(
+            "CREATE TABLE {table} (
+                 lock_key    VARCHAR(128) PRIMARY KEY,
+                 lock_value  VARCHAR(64)  NOT NULL,
+                 expire_time TIMESTAMPTZ  NOT NULL)"
+        )
+    }
+
+    pub fn new(pool: PgPool, table: &str) -> Self {
+        PgSeed {
+            pool,
+            insert: statement(
+                "INSERT INTO {table} (lock_key, lock_value, expire_time) \
+                 VALUES ($1, $2, NOW() + INTERVAL '30 seconds')",
+                table,
+            ),
+            delete: statement(
+                "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2",
+                table,
+            ),
+        }
+    }
+}
+
+impl HandLock for PgSeed {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            let inserted = sqlx::query(audited(&self.insert))
+                .bind(key)
+                .bind(owner)
+                .execute(&self.pool)
+                .await;
+            match inserted {
+                Ok(_) => Ok(Some(0)),
+                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(None),
+                Err(err) => Err(err),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        _token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(audited(&self.delete))
+                .bind(key)
+                .bind(owner)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn lost_race(&self, err: &sqlx::Error) -> bool {
+        pg_lost_race(err)
+    }
+}
+
+/// The seeds' scheme on MySQL / MariaDB, with their DDL as written.
+pub struct MySeed {
+    pool: MySqlPool,
+    insert: Arc<str>,
+    delete: Arc<str>,
+}
+
+impl MySeed {
+    pub fn create_table(table: &str) -> String {
+        format!(
+            "CREATE TABLE {table} (
+                 lock_key    VARCHAR(128) NOT NULL,
+                 lock_value  VARCHAR(64)  NOT NULL,
+                 expire_time DATETIME     NOT NULL,
+                 PRIMARY KEY (lock_key)) ENGINE = InnoDB"
+        )
+    }
+
+    pub fn new(pool: MySqlPool, table: &str) -> Self {
+        MySeed {
+            pool,
+            insert: statement(
+                "INSERT INTO {table} (lock_key, lock_value, expire_time) \
+                 VALUES (?, ?, NOW() + INTERVAL 30 SECOND)",
+                table,
+            ),
+            delete: statement(
+                "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ?",
+                table,
+            ),
+        }
+    }
+}
+
+impl HandLock for MySeed {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+        Box::pin(async move {
+            let inserted = sqlx::query(audited(&self.insert))
+                .bind(key)
+                .bind(owner)
+                .execute(&self.pool)
+                .await;
+            match inserted {
+                Ok(_) => Ok(Some(0)),
+                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(None),
+                Err(err) => Err(err),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
+        _token: i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(audited(&self.delete))
+                .bind(key)
+                .bind(owner)
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        })
+    }
+
+    fn lost_race(&self, err: &sqlx::Error) -> bool {
+        my_lost_race(err)
+    }
+}

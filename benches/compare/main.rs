@@ -1,0 +1,242 @@
+//! dblock's benchmark: `cargo bench --bench compare` (see `-- --help`).
+//!
+//! A plain binary rather than a criterion suite: every comparison here must run its
+//! contenders in alternating rounds within one run, because figures on a small shared
+//! machine are not comparable across minutes. It writes `bench/RESULTS.md` and prints it.
+//!
+//! Modules: `settings` (flags), `measure` (samples, rounds, timed loads), `servers`
+//! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
+//! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2,
+//! `hotkey`, `stock`, `renewal`, `reaper`), `anatomy` (dblock's task pattern timed on
+//! its own), `report` (markdown).
+
+mod anatomy;
+mod contenders;
+mod cycle;
+mod handwritten;
+mod hotkey;
+mod measure;
+mod reaper;
+mod renewal;
+mod report;
+mod servers;
+mod settings;
+mod stock;
+// The stock example's workload and strategies, shared with the example and its tests.
+#[path = "../../examples/stock/mod.rs"]
+mod stock_example;
+
+use std::time::{Duration, Instant};
+
+use settings::{Section, Settings};
+
+#[tokio::main]
+async fn main() {
+    let settings = Settings::from_env_and_args();
+    if let Err(drift) = handwritten::check_copies() {
+        eprintln!("compare: {drift}");
+        std::process::exit(1);
+    }
+    let started = Instant::now();
+    let load_before = load_average();
+    let mut notes = Vec::new();
+
+    let pg = match &settings.postgres_url {
+        None => None,
+        Some(url) => within(CONNECT_TIMEOUT, servers::postgres(url))
+            .await
+            .map_err(|e| {
+                notes.push(format!(
+                    "PostgreSQL (DBLOCK_BENCH_POSTGRES_URL) not reachable, skipped: {e}"
+                ))
+            })
+            .ok(),
+    };
+    let my = match &settings.mysql_url {
+        None => None,
+        Some(url) => within(CONNECT_TIMEOUT, servers::mysql(url))
+            .await
+            .map_err(|e| {
+                notes.push(format!(
+                    "MySQL (DBLOCK_BENCH_MYSQL_URL) not reachable, skipped: {e}"
+                ))
+            })
+            .ok(),
+    };
+    let redis = match &settings.redis_url {
+        None => None,
+        Some(url) => within(CONNECT_TIMEOUT, redis_client(url))
+            .await
+            .map_err(|e| {
+                notes.push(format!(
+                    "Redis (DBLOCK_BENCH_REDIS_URL) not reachable, skipped: {e}"
+                ))
+            })
+            .ok(),
+    };
+
+    let mut body = String::new();
+    if settings.runs(Section::Cycle) {
+        body.push_str(&cycle::section(&settings, pg.as_ref(), my.as_ref(), redis.as_ref()).await);
+    }
+    if settings.runs(Section::HotKey) {
+        body.push_str(
+            "## 3. Hot key: 8 tasks, one key, waiting acquire\n\n\
+             Each task: `acquire(key, 30 s, wait)`, hold 1 ms, `release`, again. Handoff = \
+             release completed -> next acquire returned (includes the waiter's backoff \
+             sleep). Wait = acquire called -> returned, for acquisitions that succeeded: a \
+             round's end cancels the acquires still waiting (they are cancel safe), which \
+             counts neither as an error nor as a wait, so the longest wait is capped by the \
+             round's length.\n\n",
+        );
+        if let Some(pg) = &pg {
+            body.push_str(&hotkey::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&hotkey::section(&settings, my).await);
+        }
+    }
+    if settings.runs(Section::Stock) {
+        body.push_str(
+            "## 4. Stock deduction: each strategy, helper vs the same SQL by hand\n\n\
+             8 workers, one hot product, one unit per order, stock for every order. The \
+             helper side is the stock example's own `Shop::run`; the hand-written side \
+             sends the statements the helper sends, with the same retry policy. Both sides \
+             of a strategy place the same number of orders per run: what their warm-ups \
+             managed, on average, in one round's time.\n\n",
+        );
+        if let Some(pg) = &pg {
+            body.push_str(&stock::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&stock::section(&settings, my).await);
+        }
+    }
+    if settings.runs(Section::Renewal) {
+        body.push_str("## 5. Renewal cost: many auto-renewed guards\n\n");
+        if let Some(pg) = &pg {
+            body.push_str(&renewal::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&renewal::section(&settings, my).await);
+        }
+    }
+    if settings.runs(Section::Reaper) {
+        body.push_str(&format!(
+            "## 6. Reaper: deleting {} expired rows\n\n",
+            report::count(settings.reap_rows as f64)
+        ));
+        if let Some(pg) = &pg {
+            body.push_str(&reaper::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&reaper::section(&settings, my).await);
+        }
+    }
+
+    let preamble = report::Preamble {
+        command: command_line(&settings),
+        when: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+        commit: git_commit(),
+        machine: format!(
+            "{} cores; load average before: {}",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            load_before
+        ),
+        servers: [
+            pg.as_ref().map(|s| s.label.clone()),
+            my.as_ref().map(|s| s.label.clone()),
+            redis.as_ref().map(|_| "Redis".to_owned()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
+        pool: servers::POOL_SETTINGS_TEXT,
+        rounds: settings.rounds,
+        round: settings.round,
+        notes,
+    };
+    let page = report::document(&preamble, &body, started.elapsed(), &load_average());
+    println!("{page}");
+    if let Some(dir) = settings.out.parent() {
+        std::fs::create_dir_all(dir).ok();
+    }
+    if let Err(e) = std::fs::write(&settings.out, page) {
+        eprintln!("compare: cannot write {}: {e}", settings.out.display());
+        std::process::exit(1);
+    }
+    eprintln!("compare: wrote {}", settings.out.display());
+}
+
+/// How long to try to reach a server before skipping it (sqlx keeps retrying a refused
+/// connection until its acquire timeout, which is long).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `attempt`'s own error, or a timeout after `limit`, as a message.
+async fn within<T, E: std::fmt::Display>(
+    limit: Duration,
+    attempt: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, attempt).await {
+        Ok(outcome) => outcome.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {limit:?}")),
+    }
+}
+
+/// A Redis client whose server answered a PING.
+async fn redis_client(url: &str) -> redis::RedisResult<redis::Client> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+    Ok(client)
+}
+
+/// The command that reproduces this report: the bench's environment variables (server
+/// URLs left out: they may hold passwords) and flags.
+fn command_line(settings: &Settings) -> String {
+    let mut env: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("DBLOCK_BENCH_") && !k.ends_with("_URL"))
+        .map(|(k, v)| format!("{k}={v} "))
+        .collect();
+    env.sort();
+    let mut command = format!("{}cargo bench --bench compare", env.concat());
+    if !settings.args.is_empty() {
+        command.push_str(" -- ");
+        command.push_str(&settings.args.join(" "));
+    }
+    command
+}
+
+fn git_commit() -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    match git(&["rev-parse", "--short", "HEAD"]) {
+        None => "unknown (no git)".to_owned(),
+        Some(head) => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            if dirty {
+                format!("{head} with uncommitted changes")
+            } else {
+                head
+            }
+        }
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| {
+            let parts: Vec<&str> = s.split_whitespace().take(3).collect();
+            (parts.len() == 3).then(|| parts.join(" "))
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}

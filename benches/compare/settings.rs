@@ -1,0 +1,184 @@
+//! What a run measures and for how long: environment variables, overridden by flags.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+const HELP: &str = "\
+cargo bench --bench compare [-- FLAGS]
+
+Flags (each also an environment variable; the flag wins):
+  --rounds N          DBLOCK_BENCH_ROUNDS       rounds per comparison (default 5)
+  --round-secs S      DBLOCK_BENCH_ROUND_SECS   seconds per contender per round (default 1)
+  --long                                        rounds 15, round-secs 3: for a quiet machine
+  --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper
+                                                (default: all)
+  --guards N          DBLOCK_BENCH_GUARDS       guards held in the renewal section (default 1000)
+  --reap-rows N       DBLOCK_BENCH_REAP_ROWS    expired rows per reaper round (default 100000)
+  --out PATH          DBLOCK_BENCH_OUT          report file (default bench/RESULTS.md)
+Servers (empty or `off` skips one):
+  DBLOCK_BENCH_POSTGRES_URL  default postgres://postgres@127.0.0.1:5432/test
+  DBLOCK_BENCH_MYSQL_URL     default mysql://root@127.0.0.1:3306/test
+  DBLOCK_BENCH_REDIS_URL     default redis://127.0.0.1:6379
+";
+
+/// The sections of the report, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Section {
+    Cycle,
+    HotKey,
+    Stock,
+    Renewal,
+    Reaper,
+}
+
+impl Section {
+    const ALL: [Section; 5] = [
+        Section::Cycle,
+        Section::HotKey,
+        Section::Stock,
+        Section::Renewal,
+        Section::Reaper,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Section::Cycle => "cycle",
+            Section::HotKey => "hotkey",
+            Section::Stock => "stock",
+            Section::Renewal => "renewal",
+            Section::Reaper => "reaper",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub postgres_url: Option<String>,
+    pub mysql_url: Option<String>,
+    pub redis_url: Option<String>,
+    pub rounds: usize,
+    pub round: Duration,
+    pub sections: Vec<Section>,
+    pub guards: usize,
+    pub reap_rows: u64,
+    pub out: PathBuf,
+    /// The flags as given, for the report's "how this was made" line.
+    pub args: Vec<String>,
+}
+
+impl Settings {
+    pub fn runs(&self, section: Section) -> bool {
+        self.sections.contains(&section)
+    }
+
+    /// Reads the environment, then the flags. Exits with the help text on `--help` or on a
+    /// flag it does not know.
+    pub fn from_env_and_args() -> Settings {
+        let mut s = Settings {
+            postgres_url: server_url(
+                "DBLOCK_BENCH_POSTGRES_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            ),
+            mysql_url: server_url("DBLOCK_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
+            redis_url: server_url("DBLOCK_BENCH_REDIS_URL", "redis://127.0.0.1:6379"),
+            rounds: 5,
+            round: Duration::from_secs(1),
+            sections: Section::ALL.to_vec(),
+            guards: 1000,
+            reap_rows: 100_000,
+            out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/RESULTS.md")),
+            args: Vec::new(),
+        };
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        if let Some(v) = env("DBLOCK_BENCH_ROUNDS") {
+            s.rounds = parse("DBLOCK_BENCH_ROUNDS", &v);
+        }
+        if let Some(v) = env("DBLOCK_BENCH_ROUND_SECS") {
+            s.round = secs("DBLOCK_BENCH_ROUND_SECS", &v);
+        }
+        if let Some(v) = env("DBLOCK_BENCH_SECTIONS") {
+            s.sections = sections(&v);
+        }
+        if let Some(v) = env("DBLOCK_BENCH_GUARDS") {
+            s.guards = parse("DBLOCK_BENCH_GUARDS", &v);
+        }
+        if let Some(v) = env("DBLOCK_BENCH_REAP_ROWS") {
+            s.reap_rows = parse("DBLOCK_BENCH_REAP_ROWS", &v);
+        }
+        if let Some(v) = env("DBLOCK_BENCH_OUT") {
+            s.out = PathBuf::from(v);
+        }
+
+        let mut args = std::env::args().skip(1);
+        while let Some(flag) = args.next() {
+            let mut value = || {
+                args.next()
+                    .unwrap_or_else(|| usage(&format!("{flag} needs a value")))
+            };
+            match flag.as_str() {
+                // `cargo bench` passes --bench to every bench binary.
+                "--bench" => continue,
+                "--rounds" => s.rounds = parse(&flag, &value()),
+                "--round-secs" => s.round = secs(&flag, &value()),
+                "--long" => {
+                    s.rounds = 15;
+                    s.round = Duration::from_secs(3);
+                }
+                "--sections" => s.sections = sections(&value()),
+                "--guards" => s.guards = parse(&flag, &value()),
+                "--reap-rows" => s.reap_rows = parse(&flag, &value()),
+                "--out" => s.out = PathBuf::from(value()),
+                "--help" | "-h" => {
+                    print!("{HELP}");
+                    std::process::exit(0);
+                }
+                other => usage(&format!("unknown flag {other}")),
+            }
+        }
+        if s.rounds == 0 || s.round.is_zero() || s.guards == 0 || s.reap_rows == 0 {
+            usage("rounds, round-secs, guards and reap-rows must be positive");
+        }
+        s.args = std::env::args()
+            .skip(1)
+            .filter(|a| a != "--bench")
+            .collect();
+        s
+    }
+}
+
+fn server_url(var: &str, default: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if v.is_empty() || v == "off" => None,
+        Ok(v) => Some(v),
+        Err(_) => Some(default.to_owned()),
+    }
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!("compare: {problem}\n\n{HELP}");
+    std::process::exit(2);
+}
+
+fn parse<T: std::str::FromStr>(what: &str, value: &str) -> T {
+    value
+        .parse()
+        .unwrap_or_else(|_| usage(&format!("{what}: cannot read {value:?}")))
+}
+
+fn secs(what: &str, value: &str) -> Duration {
+    let secs: f64 = parse(what, value);
+    Duration::try_from_secs_f64(secs).unwrap_or_else(|_| usage(&format!("{what}: bad duration")))
+}
+
+fn sections(list: &str) -> Vec<Section> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(|name| {
+            Section::ALL
+                .into_iter()
+                .find(|s| s.name() == name)
+                .unwrap_or_else(|| usage(&format!("unknown section {name:?}")))
+        })
+        .collect()
+}
