@@ -231,14 +231,17 @@ pub trait Backend: Database + sealed::Sealed {
     }
 
     /// Runs the row-locking query of [`Backend::row_lock_sql`] inside the transaction,
-    /// applying the mode's timeout where the query itself cannot carry it.
+    /// applying the mode's timeout where the query itself cannot carry it. By default the
+    /// query carries it (MySQL's hints, SQLite's busy timeout): PostgreSQL overrides this.
     #[doc(hidden)]
     fn lock_rows<K: SqlValue<Self>>(
         conn: &mut Self::Connection,
         sql: &str,
         keys: &[K],
-        mode: RowLockMode,
-    ) -> impl Future<Output = Result<Vec<K>, sqlx::Error>> + Send;
+        _mode: RowLockMode,
+    ) -> impl Future<Output = Result<Vec<K>, sqlx::Error>> + Send {
+        Self::fetch_keys(conn, sql, keys)
+    }
 
     /// Whether the error means "a row (or SQLite's database) is locked by someone else".
     #[doc(hidden)]

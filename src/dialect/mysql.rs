@@ -274,15 +274,6 @@ impl Backend for MySql {
         )
     }
 
-    async fn lock_rows<K: crate::SqlValue<Self>>(
-        conn: &mut sqlx::MySqlConnection,
-        sql: &str,
-        keys: &[K],
-        _mode: crate::RowLockMode,
-    ) -> Result<Vec<K>, sqlx::Error> {
-        Self::fetch_keys(conn, sql, keys).await
-    }
-
     fn is_row_locked(err: &sqlx::Error) -> bool {
         // MariaDB answers NOWAIT with 1205 as well
         matches!(

@@ -226,15 +226,6 @@ impl Backend for Sqlite {
         sqlx::Connection::begin_with(&mut **conn, "BEGIN IMMEDIATE").await
     }
 
-    async fn lock_rows<K: crate::SqlValue<Self>>(
-        conn: &mut sqlx::SqliteConnection,
-        sql: &str,
-        keys: &[K],
-        _mode: crate::RowLockMode,
-    ) -> Result<Vec<K>, sqlx::Error> {
-        Self::fetch_keys(conn, sql, keys).await
-    }
-
     fn is_row_locked(err: &sqlx::Error) -> bool {
         // SQLITE_BUSY / SQLITE_LOCKED: contention() minus its duplicate-key case
         Self::contention(err) == Contention::LostRace && !is_unique_violation(err)
