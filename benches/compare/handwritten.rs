@@ -279,8 +279,8 @@ impl HandLock for PgHand {
     }
 }
 
-/// dblock's MySQL statements, by hand, sent as dblock sends them: the upsert, then the
-/// owner read, then the owner-checked delete, each through the pool, with the upsert and
+/// dblock's MySQL statements, by hand, sent as dblock sends them: the upsert and the owner
+/// read on one pooled connection, then the owner-checked delete, with the upsert and
 /// the delete repeated when InnoDB picks them as a deadlock victim (as a careful caller
 /// must: see the hot-key section).
 pub struct MyHand {
@@ -311,7 +311,7 @@ impl MyHand {
     /// Runs the upsert or the delete (both bind key, owner, then a number), again while
     /// it comes back as a deadlock victim.
     async fn write(
-        &self,
+        conn: &mut sqlx::MySqlConnection,
         sql: &Arc<str>,
         key: &str,
         owner: &str,
@@ -320,7 +320,7 @@ impl MyHand {
         let mut retries = 0;
         loop {
             let query = sqlx::query(audited(sql)).bind(key).bind(owner).bind(number);
-            match query.execute(&self.pool).await {
+            match query.execute(&mut *conn).await {
                 Err(err) if retries < DEADLOCK_RETRIES && is_deadlock(&err) => retries += 1,
                 outcome => return outcome,
             }
@@ -335,12 +335,12 @@ impl HandLock for MyHand {
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
-            self.write(&self.acquire, key, owner, lease_micros(LEASE))
-                .await?;
+            let mut conn = self.pool.acquire().await?;
+            Self::write(&mut conn, &self.acquire, key, owner, lease_micros(LEASE)).await?;
             let row: Option<(String, i64, DateTime<Utc>)> =
                 sqlx::query_as(audited(&self.read_owner))
                     .bind(key)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *conn)
                     .await?;
             Ok(match row {
                 Some((holder, token, _expires_at)) if holder == owner => Some(token),
@@ -356,7 +356,8 @@ impl HandLock for MyHand {
         token: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            let done = self.write(&self.release, key, owner, token).await?;
+            let mut conn = self.pool.acquire().await?;
+            let done = Self::write(&mut conn, &self.release, key, owner, token).await?;
             Ok(done.rows_affected() == 1)
         })
     }
