@@ -29,15 +29,9 @@ impl<DB: Backend> LockGuard<DB> {
     /// # Cancel safety
     /// Cancel safe: it only reads and locks inside `tx`; dropping `tx` undoes the lock.
     pub async fn assert_held(&self, tx: &mut Transaction<'_, DB>) -> Result<()> {
-        let held = DB::check_fence(
-            tx,
-            &self.lease().shared.table,
-            self.key(),
-            self.owner(),
-            self.fencing_token(),
-        )
-        .await
-        .map_err(row_error::<DB>)?;
+        let held = DB::check_fence(tx, self.table(), self.lock_id())
+            .await
+            .map_err(row_error::<DB>)?;
         if held {
             Ok(())
         } else {

@@ -4,28 +4,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::time::Instant;
 
-use crate::config::{micros, validate_lease};
-use crate::dialect::Backend;
+use crate::config::validate_lease;
+use crate::dialect::{Backend, LockId};
 use crate::error::{Error, LostReason, Result};
 use crate::lease::Lease;
+use crate::locker::Shared;
 
 /// A held lock. Release it with [`release`](Self::release).
 ///
-/// While the guard lives, its lease is renewed by a watchdog (unless renewal was turned
-/// off, see [`Locker::auto_renew`](crate::Locker::auto_renew)); [`lost`](Self::lost) tells
-/// when the lease is gone anyway.
+/// While the guard lives, its lease is renewed by its Locker's lease engine (unless
+/// renewal was turned off, see [`Locker::auto_renew`](crate::Locker::auto_renew));
+/// [`lost`](Self::lost) tells when the lease is gone anyway. A guard keeps its Locker's
+/// engine running: it needs no task and no connection of its own.
 ///
 /// # Drop
-/// Dropping a guard that was not released stops its watchdog and deletes the row in a task
-/// spawned at once on the current tokio runtime, retrying failed deletes until the lease
-/// would have ended anyway. That release is best effort and not awaited: if it cannot run
-/// (no runtime, database unreachable) the lease simply expires at
+/// Dropping a guard that was not released stops its renewal and hands the `DELETE` to the
+/// Locker's engine, which runs it at once in the background, retrying failed deletes until
+/// the lease would have ended anyway. That release is best effort and not awaited: if it
+/// cannot run (no runtime, database unreachable) the lease simply expires at
 /// [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
 #[must_use = "the lock is released as soon as the guard is dropped; keep it and call release().await"]
 pub struct LockGuard<DB: Backend> {
-    lease: Arc<Lease<DB>>,
+    locker: Arc<Shared<DB>>,
+    lease: Arc<Lease>,
     hold: Hold,
 }
 
@@ -52,15 +54,21 @@ impl<DB: Backend> std::fmt::Debug for LockGuard<DB> {
 }
 
 impl<DB: Backend> LockGuard<DB> {
-    pub(crate) fn new(lease: Arc<Lease<DB>>) -> Self {
+    pub(crate) fn new(locker: Arc<Shared<DB>>, lease: Arc<Lease>) -> Self {
         LockGuard {
+            locker,
             lease,
             hold: Hold::Held,
         }
     }
 
-    pub(crate) fn lease(&self) -> &Arc<Lease<DB>> {
-        &self.lease
+    pub(crate) fn lock_id(&self) -> LockId<'_> {
+        self.lease.lock_id()
+    }
+
+    /// The lock table's name.
+    pub(crate) fn table(&self) -> &str {
+        self.locker.engine.table().name()
     }
 
     /// The locked key.
@@ -103,24 +111,20 @@ impl<DB: Backend> LockGuard<DB> {
 
     /// Sets the lease to end `lease` from now (database clock), if the row is still ours
     /// and unexpired; returns the new expiry. [`Error::NotHeld`] when it is not (nothing is
-    /// changed then). The watchdog keeps renewing with the lease it was started with.
+    /// changed then). Renewal goes on with the lease the guard was acquired with.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the lease was either extended or left as it was.
     pub async fn extend(&self, lease: Duration) -> Result<DateTime<Utc>> {
         validate_lease(lease)?;
-        let shared = &self.lease.shared;
-        let sent_at = Instant::now();
-        match DB::extend(&shared.pool, &shared.sql, self.lease.id(), micros(lease)).await? {
-            Some(expires_at) => {
-                self.lease.renewed(expires_at, sent_at, lease);
-                Ok(expires_at)
-            }
+        match self.locker.engine.extend(&self.lease, lease).await? {
+            Some(expires_at) => Ok(expires_at),
             None => Err(self.not_held()),
         }
     }
 
-    /// Stops renewal, waits for it, then deletes the row if it is still ours.
+    /// Stops renewal (waiting for a renewal in flight), then deletes the row if it is
+    /// still ours, on the caller's task.
     /// [`Error::NotHeld`] when it is not: it expired and was taken over, or was deleted;
     /// nothing else is deleted then. A nested guard of a reentrant [`Owner`](crate::Owner)
     /// only gives up its hold; the row goes with the last one.
@@ -134,17 +138,23 @@ impl<DB: Backend> LockGuard<DB> {
             return Ok(());
         }
         self.hold = Hold::Ending;
-        let outcome = self.lease.end().await;
+        let outcome = self.locker.engine.release(&self.lease).await;
         self.hold = Hold::Done;
         match outcome {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_held()),
             Err(err) => {
                 // Keep trying in the background until the lease would expire anyway.
-                spawn_end(Arc::clone(&self.lease));
+                self.release_in_background();
                 Err(err.into())
             }
         }
+    }
+
+    fn release_in_background(&self) {
+        self.locker
+            .engine
+            .release_in_background(Arc::clone(&self.lease));
     }
 
     fn not_held(&self) -> Error {
@@ -163,19 +173,7 @@ impl<DB: Backend> Drop for LockGuard<DB> {
             Hold::Done => false,
         };
         if last_hold {
-            spawn_end(Arc::clone(&self.lease));
+            self.release_in_background();
         }
     }
-}
-
-/// Ends the lease in the background. A release whose outcome is unknown (the connection
-/// failed) is retried with the lock's backoff until the lease's deadline: giving up at the
-/// first failure, in the middle of the outage that caused it, would leave the row held by
-/// nobody for the rest of the lease. Past the deadline the row is expired anyway.
-fn spawn_end<DB: Backend>(lease: Arc<Lease<DB>>) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(key = %lease.key, owner = %lease.owner, "no tokio runtime: lock left to expire");
-        return;
-    };
-    runtime.spawn(async move { lease.end_in_background().await });
 }

@@ -1,29 +1,21 @@
-//! A held lease and its watchdog: renews the row while it is ours, and says when it is not.
+//! A held lease: its row, what holders can observe about it, and its timing. The lease
+//! engine ([`crate::engine`]) renews it; the lease itself sends nothing.
 //!
-//! Every held lease has one monitor task. With renewal on, it sends an owner- and
-//! token-checked `UPDATE` every `min(interval, lease / 3)`, counted from when the last
-//! successful statement was sent; a failed statement is retried with backoff until the
-//! lease's own deadline, and only then is the lease declared lost. A statement still
-//! unanswered at the deadline (a black-holed connection never fails by itself) is
-//! abandoned, so the loss is reported on time. With renewal off, the monitor only fires
-//! `Expired` at the deadline. Ending a lease stops the monitor and waits for it before the
-//! `DELETE`: the monitor never abandons a statement half-way while the lease is live, so
-//! no renewal reaches the database after the release. (One abandoned at the deadline can
-//! only extend a row that is still ours and unexpired when it lands.)
+//! Loss is reported at the *earliest* moment the database may consider the lease over:
+//! the send time of the last successful acquire or renew statement, plus the lease. A
+//! lease nobody renews (renewal off, or its engine stopped) marks itself `Expired` when
+//! that deadline passes and somebody looks ([`Lease::lost`], [`Lease::lost_reason`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until};
-use tokio_util::sync::CancellationToken;
 
-use crate::config::micros;
-use crate::dialect::{Acquired, Backend, Contention, LockId};
+use crate::dialect::LockId;
 use crate::error::LostReason;
-use crate::locker::Shared;
 use crate::stats::Counters;
 
 /// What holders can observe about a lease.
@@ -33,63 +25,83 @@ struct Status {
     lost: Option<LostReason>,
 }
 
-/// One acquisition's row, shared by its guard(s) and its monitor task.
-pub(crate) struct Lease<DB: Backend> {
-    pub(crate) shared: Arc<Shared<DB>>,
+/// The engine's bookkeeping for one lease, behind one lock.
+#[derive(Debug)]
+pub(crate) struct Timing {
+    /// Earliest instant, on our clock, at which the database may consider the lease over.
+    pub(crate) deadline: Instant,
+    /// When the engine should renew next (the last successful send plus the interval,
+    /// or a retry after a failed statement).
+    pub(crate) next_renewal: Instant,
+    /// Whether the last renewal statement failed (the database could not be reached).
+    pub(crate) failing: bool,
+    /// Whether an engine is renewing this lease; when not, the deadline is final.
+    pub(crate) renewing: bool,
+    /// The engine pass that last included this lease (see `Engine::release`).
+    pub(crate) in_pass: u64,
+    /// The lease was released: nothing more is to be reported about it.
+    pub(crate) ended: bool,
+}
+
+/// One acquisition's row, shared by its guard(s) and the engine.
+pub(crate) struct Lease {
     pub(crate) key: String,
     pub(crate) owner: String,
     pub(crate) fencing_token: i64,
     /// The lease length renewals ask for.
-    length: Duration,
+    pub(crate) length: Duration,
+    /// How often the engine renews it; `None` when it is not renewed.
+    pub(crate) interval: Option<Duration>,
+    /// The engine's registry key.
+    pub(crate) id: u64,
     status: watch::Sender<Status>,
-    /// Earliest instant, on our clock, at which the database may consider the lease over:
-    /// when the last successful acquire or renew statement was *sent*, plus the lease.
-    deadline: Mutex<Instant>,
+    timing: Mutex<Timing>,
     /// Guards sharing this lease (more than one only for a reentrant [`Owner`](crate::Owner)).
     holds: AtomicUsize,
-    stop: CancellationToken,
-    stopped: CancellationToken,
+    counters: Arc<Counters>,
 }
 
-impl<DB: Backend> Lease<DB> {
-    /// Wraps a won acquisition and starts its monitor.
-    pub(crate) fn start(
-        shared: Arc<Shared<DB>>,
-        key: String,
-        owner: String,
-        acquired: Acquired,
-        length: Duration,
-        sent_at: Instant,
-        renew: Option<Duration>,
-    ) -> Arc<Self> {
+/// What a won acquisition hands to [`Lease::new`].
+pub(crate) struct Won {
+    pub(crate) key: String,
+    pub(crate) owner: String,
+    pub(crate) fencing_token: i64,
+    pub(crate) expires_at: DateTime<Utc>,
+    pub(crate) length: Duration,
+    pub(crate) interval: Option<Duration>,
+    /// When the acquisition statement was sent.
+    pub(crate) sent_at: Instant,
+}
+
+impl Lease {
+    pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>) -> Self {
         let (status, _) = watch::channel(Status {
-            expires_at: acquired.expires_at,
+            expires_at: won.expires_at,
             lost: None,
         });
-        let lease = Arc::new(Lease {
-            shared,
-            key,
-            owner,
-            fencing_token: acquired.fencing_token,
-            length,
+        let deadline = won.sent_at + won.length;
+        Lease {
+            key: won.key,
+            owner: won.owner,
+            fencing_token: won.fencing_token,
+            length: won.length,
+            interval: won.interval,
+            id,
             status,
-            deadline: Mutex::new(sent_at + length),
+            timing: Mutex::new(Timing {
+                deadline,
+                next_renewal: won.interval.map_or(deadline, |i| won.sent_at + i),
+                failing: false,
+                renewing: false,
+                in_pass: 0,
+                ended: false,
+            }),
             holds: AtomicUsize::new(1),
-            stop: CancellationToken::new(),
-            stopped: CancellationToken::new(),
-        });
-        let monitor = Arc::clone(&lease);
-        tokio::spawn(async move {
-            let _signal_stopped = monitor.stopped.clone().drop_guard();
-            match renew {
-                Some(interval) => monitor.renew_until_stopped(interval).await,
-                None => monitor.expire_unless_stopped().await,
-            }
-        });
-        lease
+            counters,
+        }
     }
 
-    pub(crate) fn id(&self) -> LockId<'_> {
+    pub(crate) fn lock_id(&self) -> LockId<'_> {
         LockId {
             key: &self.key,
             owner: &self.owner,
@@ -97,35 +109,83 @@ impl<DB: Backend> Lease<DB> {
         }
     }
 
+    /// The engine's bookkeeping (held briefly, never across an await).
+    pub(crate) fn timing(&self) -> MutexGuard<'_, Timing> {
+        self.timing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn expires_at(&self) -> DateTime<Utc> {
         self.status.borrow().expires_at
     }
 
+    pub(crate) fn deadline(&self) -> Instant {
+        self.timing().deadline
+    }
+
+    /// Why the lease was lost, if it was. A lease nobody renews is lost once its deadline
+    /// has passed.
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
+        if let Some(reason) = self.status.borrow().lost {
+            return Some(reason);
+        }
+        let lapsed = {
+            let timing = self.timing();
+            !timing.renewing && !timing.ended && Instant::now() >= timing.deadline
+        };
+        if lapsed {
+            self.mark_lost(LostReason::Expired);
+        }
         self.status.borrow().lost
     }
 
     /// Completes when the lease is lost; pending forever while it is held.
     pub(crate) async fn lost(&self) -> LostReason {
         let mut status = self.status.subscribe();
-        match status.wait_for(|s| s.lost.is_some()).await {
-            Ok(s) => s.lost.unwrap_or(LostReason::Expired),
-            // The sender lives in `self`, so this cannot end while we borrow it.
-            Err(_) => std::future::pending().await,
+        loop {
+            if let Some(reason) = self.lost_reason() {
+                return reason;
+            }
+            let (renewing, deadline) = {
+                let timing = self.timing();
+                (timing.renewing, timing.deadline)
+            };
+            // Every renewal, loss and change of who renews sends on `status`; a lease
+            // nobody renews also wakes at its deadline.
+            tokio::select! {
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        // The sender lives in `self`: cannot happen while we borrow it.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                _ = sleep_until(deadline), if !renewing => {}
+            }
         }
     }
 
-    /// Records a new expiry reported by the database for a statement sent at `sent_at`.
+    /// Records a new expiry reported by the database for a statement sent at `sent_at`
+    /// that asked for `length`.
     pub(crate) fn renewed(&self, expires_at: DateTime<Utc>, sent_at: Instant, length: Duration) {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = sent_at + length;
+        {
+            let mut timing = self.timing();
+            timing.deadline = sent_at + length;
+            timing.failing = false;
+            if let Some(interval) = self.interval {
+                timing.next_renewal = sent_at + interval;
+            }
+        }
         self.status.send_modify(|s| s.expires_at = expires_at);
     }
 
-    pub(crate) fn deadline(&self) -> Instant {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
+    /// Says whether an engine renews the lease from now on, and wakes `lost()` waiters
+    /// so they start (or stop) watching the deadline themselves.
+    pub(crate) fn set_renewing(&self, renewing: bool) {
+        self.timing().renewing = renewing;
+        self.status.send_modify(|_| {});
     }
 
-    fn mark_lost(&self, reason: LostReason) {
+    /// Reports the loss once: counter, event, and every `lost()` waiter.
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
         let mut first = false;
         self.status.send_modify(|s| {
             if s.lost.is_none() {
@@ -134,7 +194,7 @@ impl<DB: Backend> Lease<DB> {
             }
         });
         if first {
-            Counters::bump(&self.shared.counters.lost);
+            Counters::bump(&self.counters.lost);
             tracing::warn!(key = %self.key, owner = %self.owner, fencing_token = self.fencing_token, %reason, "lock lost");
         }
     }
@@ -153,135 +213,5 @@ impl<DB: Backend> Lease<DB> {
     /// Drops one holder; `true` when it was the last and the row must go.
     pub(crate) fn unnest(&self) -> bool {
         self.holds.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-
-    /// Stops the monitor, waits until it has stopped, then deletes the row if it is still
-    /// ours. Safe to call more than once.
-    pub(crate) async fn end(&self) -> Result<bool, sqlx::Error> {
-        self.stop.cancel();
-        self.stopped.cancelled().await;
-        let mut delays = self.shared.retry.delays();
-        let deleted = loop {
-            match DB::release(&self.shared.pool, &self.shared.sql, self.id()).await {
-                // MariaDB picks the DELETE as a deadlock victim under a storm of acquisition
-                // attempts on the key (SQLite: busy). Nothing was deleted, and the owner-
-                // and token-checked DELETE is safe to repeat while the lease lasts.
-                Err(err)
-                    if DB::contention(&err) == Contention::LostRace
-                        && Instant::now() < self.deadline() =>
-                {
-                    tokio::time::sleep(delays.next().unwrap_or_default()).await;
-                }
-                outcome => break outcome?,
-            }
-        };
-        if deleted {
-            Counters::bump(&self.shared.counters.released);
-        }
-        tracing::debug!(key = %self.key, owner = %self.owner, fencing_token = self.fencing_token, deleted, "lock released");
-        Ok(deleted)
-    }
-
-    /// [`end`](Self::end) for callers nobody waits on (dropped guards): a failed delete is
-    /// retried with backoff until the lease's deadline; after that the row has expired
-    /// and anyone may take it over, so there is nothing left to protect.
-    pub(crate) async fn end_in_background(&self) {
-        let mut delays = self.shared.retry.delays();
-        loop {
-            match self.end().await {
-                Ok(_) => return,
-                Err(err) if Instant::now() < self.deadline() => {
-                    tracing::debug!(key = %self.key, error = %err, "background release failed; retrying");
-                    let pause = delays.next().unwrap_or(Duration::from_millis(100));
-                    sleep_until((Instant::now() + pause).min(self.deadline())).await;
-                }
-                Err(err) => {
-                    tracing::warn!(key = %self.key, owner = %self.owner, error = %err, "background release failed; the lease will expire");
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Sleeps until `at` or until stopped; `false` when stopped.
-    async fn sleep_unless_stopped(&self, at: Instant) -> bool {
-        tokio::select! {
-            biased;
-            _ = self.stop.cancelled() => false,
-            _ = sleep_until(at) => true,
-        }
-    }
-
-    async fn expire_unless_stopped(&self) {
-        loop {
-            let deadline = self.deadline();
-            if !self.sleep_unless_stopped(deadline).await {
-                return;
-            }
-            // A manual extend may have moved the deadline while we slept.
-            if Instant::now() >= self.deadline() {
-                return self.mark_lost(LostReason::Expired);
-            }
-        }
-    }
-
-    async fn renew_until_stopped(&self, interval: Duration) {
-        let shared = &self.shared;
-        // Counted from when the acquisition was sent, like the deadline: a slow acquire
-        // has already used up part of the interval.
-        let mut next = self.deadline() - self.length + interval;
-        let mut backoff = None;
-        loop {
-            if !self.sleep_unless_stopped(next.min(self.deadline())).await {
-                return;
-            }
-            let sent_at = Instant::now();
-            if sent_at >= self.deadline() {
-                let reason = if backoff.is_some() {
-                    LostReason::Unreachable
-                } else {
-                    LostReason::Expired
-                };
-                return self.mark_lost(reason);
-            }
-            // Counted before sending: after `end()` returns, this counter never moves.
-            Counters::bump(&shared.counters.renewals);
-            // Past the deadline an answer is worthless: the lease may be someone else's.
-            let extend = DB::extend(&shared.pool, &shared.sql, self.id(), micros(self.length));
-            let outcome = tokio::time::timeout_at(self.deadline(), extend)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(sqlx::Error::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no answer before the lease's deadline",
-                    )))
-                });
-            match outcome {
-                Ok(Some(expires_at)) => {
-                    self.renewed(expires_at, sent_at, self.length);
-                    tracing::trace!(key = %self.key, owner = %self.owner, fencing_token = self.fencing_token, %expires_at, "lease renewed");
-                    backoff = None;
-                    next = sent_at + interval;
-                }
-                Ok(None) => return self.mark_lost(self.why_not_ours().await),
-                Err(err) => {
-                    Counters::bump(&shared.counters.renewal_errors);
-                    tracing::debug!(key = %self.key, error = %err, "renewal failed; retrying until the lease ends");
-                    let delays = backoff.get_or_insert_with(|| shared.retry.delays());
-                    next = Instant::now() + delays.next().unwrap_or(Duration::from_millis(100));
-                }
-            }
-        }
-    }
-
-    /// After a renewal matched no row: who has it now?
-    async fn why_not_ours(&self) -> LostReason {
-        match DB::inspect(&self.shared.pool, &self.shared.sql, &self.key).await {
-            Ok(None) => LostReason::Deleted,
-            Ok(Some((owner, token, _))) if owner != self.owner || token != self.fencing_token => {
-                LostReason::TakenOver
-            }
-            _ => LostReason::Expired,
-        }
     }
 }

@@ -2,15 +2,29 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
-mod config;
-mod dialect;
-mod error;
+// The layers, top to bottom; no module imports from a layer above it.
+// API: what users call.
+mod fencing;
 mod guard;
-mod lease;
 mod locker;
-mod migrate;
+mod optimistic;
 mod owner;
+mod row_lock;
+// The lock algorithm: acquisition, the lease engine, leases, the reaper.
+mod acquire;
+mod engine;
+mod lease;
 mod reaper;
+// The lock-table access layer (the only sender of lock-table SQL) and migrations.
+mod migrate;
+mod table;
+// Per-database statements.
+mod dialect;
+// Leaves used by every layer.
+mod config;
+mod error;
+mod ident;
+mod retry;
 mod stats;
 
 pub use config::{
@@ -33,12 +47,43 @@ pub use sqlx::Postgres;
 #[cfg(feature = "sqlite")]
 pub use sqlx::Sqlite;
 
-// Row locks, optimistic updates and fencing inside the caller's transaction.
-mod fencing;
-mod ident;
-mod optimistic;
-mod row_lock;
-
 pub use dialect::SqlValue;
 pub use optimistic::{DEFAULT_MAX_ATTEMPTS, Decision, Outcome, Versioned, VersionedBuilder};
 pub use row_lock::{MAX_ROW_LOCK_KEYS, RowLockMode, RowLocker};
+
+/// dblock's internals, public only for its own benchmarks (they time the lock-table layer
+/// alone). Not part of the API: may change in any release.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::dialect::{Acquired, LockSql, TxSql};
+
+    /// The lock-table access layer on its own: the statements dblock sends, without the
+    /// lock algorithm around them.
+    pub struct LockTable<DB: crate::Backend>(crate::table::LockTable<DB>);
+
+    impl<DB: crate::Backend> LockTable<DB> {
+        /// The table `name` on `pool`.
+        pub fn new(pool: sqlx::Pool<DB>, name: &str) -> Self {
+            LockTable(crate::table::LockTable::new(
+                pool,
+                name.to_owned(),
+                crate::RetryPolicy::default(),
+            ))
+        }
+
+        /// One acquisition attempt.
+        pub async fn acquire(
+            &self,
+            key: &str,
+            owner: &str,
+            lease: std::time::Duration,
+        ) -> Result<Option<Acquired>, sqlx::Error> {
+            self.0.acquire(key, owner, lease).await
+        }
+
+        /// Owner- and token-checked release.
+        pub async fn release(&self, id: crate::LockId<'_>) -> Result<bool, sqlx::Error> {
+            self.0.release(id).await
+        }
+    }
+}

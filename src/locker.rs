@@ -1,43 +1,49 @@
-//! [`Locker`]: the entry point. Validates input, runs the acquire loop, and hands out
-//! guards. The SQL itself lives in the dialects.
+//! [`Locker`]: the entry point. Validates input, hands acquisitions to the lock
+//! algorithm (the lease engine and its acquire loop), and wraps won leases in guards.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Pool;
-use tokio::sync::oneshot;
-use tokio::time::Instant;
 
+use crate::acquire::Request;
 use crate::config::{
-    DEFAULT_LEASE, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MIN_LEASE, RetryPolicy, micros,
-    validate_acquire, validate_key, validate_lease, validate_owner_prefix, validate_range,
-    validate_table_name,
+    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MIN_LEASE,
+    RetryPolicy, validate_acquire, validate_key, validate_lease, validate_owner_prefix,
+    validate_range, validate_table_name,
 };
-use crate::dialect::{Backend, Contention, LockId};
+use crate::dialect::Backend;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::owner::Owner;
+use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
 use crate::stats::{Counters, Stats};
+use crate::table::LockTable;
 
-/// What a [`Locker`] shares with its clones, guards and background tasks.
+/// What a [`Locker`] shares with its clones, guards and [`Owner`]s: the lease engine
+/// (which owns the lock table and the counters) and the options.
 pub(crate) struct Shared<DB: Backend> {
-    pub(crate) pool: Pool<DB>,
-    pub(crate) sql: DB::Statements,
-    pub(crate) table: String,
+    pub(crate) engine: Engine<DB>,
     pub(crate) owner_prefix: String,
-    pub(crate) retry: RetryPolicy,
     pub(crate) default_lease: Duration,
     pub(crate) renew_interval: Duration,
-    pub(crate) counters: Counters,
 }
 
 /// Hands out leases on keys in one lock table. Cheap to clone: clones share the pool, the
-/// statement text and the counters.
+/// statement text, the counters and one lease engine.
 ///
 /// Build it from the application's own pool with [`Locker::new`], or with
 /// [`Locker::builder`] to change the defaults.
+///
+/// # The lease engine
+/// Every Locker has one background task, started with its first renewed lease, that
+/// renews all leases held through the Locker (its clones, guards and [`Owner`]s) in
+/// batched statements: one batch per renewal interval in the steady state, whatever the
+/// number of guards (a batch is one statement on PostgreSQL, two on MySQL/MariaDB, one or
+/// two on SQLite, for up to 10,000 leases). It stops when the last clone and the last
+/// guard are dropped, or at [`Locker::shutdown`].
 pub struct Locker<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
     auto_renew: bool,
@@ -56,7 +62,7 @@ impl<DB: Backend> std::fmt::Debug for Locker<DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Locker")
             .field("backend", &<DB as sqlx::Database>::NAME)
-            .field("table", &self.shared.table)
+            .field("table", &self.table())
             .field("auto_renew", &self.auto_renew)
             .finish_non_exhaustive()
     }
@@ -141,16 +147,13 @@ impl<DB: Backend> LockerBuilder<DB> {
             MIN_LEASE,
             self.default_lease / 2,
         )?;
+        let table = LockTable::new(self.pool, self.table, self.retry);
         Ok(Locker {
             shared: Arc::new(Shared {
-                sql: DB::statements(&self.table),
-                pool: self.pool,
-                table: self.table,
+                engine: Engine::new(table, Arc::new(Counters::default()), self.retry),
                 owner_prefix: self.owner_prefix,
-                retry: self.retry,
                 default_lease: self.default_lease,
                 renew_interval: self.renew_interval,
-                counters: Counters::default(),
             }),
             auto_renew: self.auto_renew,
         })
@@ -180,12 +183,12 @@ impl<DB: Backend> Locker<DB> {
 
     /// The pool this locker runs on.
     pub fn pool(&self) -> &Pool<DB> {
-        &self.shared.pool
+        self.shared.engine.table().pool()
     }
 
     /// The lock table's name.
     pub fn table(&self) -> &str {
-        &self.shared.table
+        self.shared.engine.table().name()
     }
 
     /// The configured default lease ([`DEFAULT_LEASE`] unless the builder changed it).
@@ -205,7 +208,26 @@ impl<DB: Backend> Locker<DB> {
 
     /// The counters of this locker and its clones.
     pub fn stats(&self) -> Stats {
-        self.shared.counters.snapshot()
+        self.shared.engine.counters().snapshot()
+    }
+
+    /// How many leases this locker's engine is renewing right now.
+    pub fn renewing(&self) -> usize {
+        self.shared.engine.renewing()
+    }
+
+    /// Stops this locker's lease engine and waits for it: renewal ends (every lease still
+    /// held lapses at its deadline, and its guard's [`lost`](LockGuard::lost) then fires
+    /// `Expired`), and background releases of dropped guards are finished (each retried
+    /// until its lease would have ended anyway). Acquisitions after it are not renewed.
+    /// The engine also stops by itself when the last clone of the locker and its last
+    /// guard are dropped; call this to know that its work is done.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the engine is told to stop at once; dropping the future only skips
+    /// the wait.
+    pub async fn shutdown(&self) {
+        self.shared.engine.shutdown().await;
     }
 
     /// A reentrant owner identity: guards it acquires for a key it already holds nest
@@ -224,7 +246,7 @@ impl<DB: Backend> Locker<DB> {
     /// to be re-run, so call `migrate` again. The connection it used is closed, not
     /// returned to the pool, so no migration lock leaks.
     pub async fn migrate(&self) -> Result<usize> {
-        crate::migrate::run(&self.shared.pool, &self.shared.table).await
+        self.shared.engine.table().migrate().await
     }
 
     /// One attempt to take `key` for `lease`, in one statement on PostgreSQL and two on
@@ -238,13 +260,16 @@ impl<DB: Backend> Locker<DB> {
     /// be reached again (trying until the lease would have ended).
     ///
     /// # Cancel safety
-    /// Cancel safe. The statement runs in a task of its own; if this future is dropped at
-    /// any point, a lock that the database granted is released at once by that task, so
-    /// no row is left held by nobody.
+    /// Cancel safe. The statement runs on the caller's task; if this future is dropped
+    /// while it is in flight, the lock engine lets it finish and releases a lock that the
+    /// database granted at once, so no row is left held by nobody.
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        self.attempt(key, &self.new_owner(), lease, true).await
+        let lease = self
+            .attempt(key, &self.new_owner(), lease, &mut None)
+            .await?;
+        Ok(lease.map(|lease| self.guard(lease)))
     }
 
     /// Takes `key` for `lease`, retrying with exponential backoff and full jitter (see
@@ -262,8 +287,13 @@ impl<DB: Backend> Locker<DB> {
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
         let owner = self.new_owner();
-        self.retry_until(key, wait, || self.attempt(key, &owner, lease, true))
-            .await
+        let engine = &self.shared.engine;
+        let won = engine
+            .wait_for(key, wait, async || {
+                self.attempt(key, &owner, lease, &mut None).await
+            })
+            .await?;
+        Ok(self.guard(won))
     }
 
     /// Acquires `key` (waiting up to `wait`), runs `work` with the guard, and releases the
@@ -311,11 +341,11 @@ impl<DB: Backend> Locker<DB> {
     /// Cancel safe: it only reads.
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>> {
         validate_key(key)?;
-        let row = DB::inspect(&self.shared.pool, &self.shared.sql, key).await?;
-        Ok(row.map(|(owner, fencing_token, expired)| Holder {
-            owner,
-            fencing_token,
-            expired,
+        let row = self.shared.engine.table().inspect(key).await?;
+        Ok(row.map(|row| Holder {
+            owner: row.owner,
+            fencing_token: row.fencing_token,
+            expired: row.expired,
         }))
     }
 
@@ -328,134 +358,54 @@ impl<DB: Backend> Locker<DB> {
         )
     }
 
-    /// Calls `attempt` until it wins or `wait` has passed, sleeping between attempts.
-    pub(crate) async fn retry_until<F, Fut>(
-        &self,
-        key: &str,
-        wait: Duration,
-        mut attempt: F,
-    ) -> Result<LockGuard<DB>>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Option<LockGuard<DB>>>>,
-    {
-        let started = Instant::now();
-        let deadline = started + wait;
-        let mut delays = self.shared.retry.delays();
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            if let Some(guard) = attempt().await? {
-                return Ok(guard);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Timeout {
-                    key: key.to_owned(),
-                    waited: now - started,
-                    attempts,
-                });
-            }
-            let delay = delays.next().unwrap_or_default().min(deadline - now);
-            tokio::time::sleep(delay).await;
-        }
-    }
-
     /// One acquisition attempt with an owner value chosen by the caller (validated input).
-    /// `single_use`: no attempt will use this owner value after this one fails (true for
-    /// a plain locker's fresh values, false for a reentrant [`Owner`]'s fixed one).
     pub(crate) async fn attempt(
         &self,
         key: &str,
         owner: &str,
         lease: Duration,
-        single_use: bool,
-    ) -> Result<Option<LockGuard<DB>>> {
-        let shared = Arc::clone(&self.shared);
+        gate: &mut crate::acquire::Gate,
+    ) -> Result<Option<Arc<Lease>>> {
         let renew = self
             .auto_renew
-            .then(|| shared.renew_interval.min(lease / 3));
-        let (key, owner) = (key.to_owned(), owner.to_owned());
-        let (reply, answer) = oneshot::channel();
-        // The statement runs to completion in its own task even if the caller goes away.
-        // A won lock travels back as a guard: if the caller is gone, the guard is dropped
-        // right here and releases it.
-        tokio::spawn(async move {
-            Counters::bump(&shared.counters.attempts);
-            let sent_at = Instant::now();
-            let outcome =
-                DB::try_acquire(&shared.pool, &shared.sql, &key, &owner, micros(lease)).await;
-            let outcome = match outcome {
-                Ok(Some(acquired)) => {
-                    Counters::bump(&shared.counters.acquired);
-                    tracing::debug!(key, owner, fencing_token = acquired.fencing_token, expires_at = %acquired.expires_at, "lock acquired");
-                    let lease = Lease::start(shared, key, owner, acquired, lease, sent_at, renew);
-                    Ok(Some(LockGuard::new(lease)))
-                }
-                Ok(None) => Ok(None),
-                Err(err) if DB::contention(&err) == Contention::LostRace => {
-                    tracing::trace!(key, error = %err, "lost an acquisition race");
-                    Ok(None)
-                }
-                Err(err) if single_use => {
-                    // The reply was lost, not necessarily the statement, and the connection
-                    // that lost it is likely down for a while. Answer now, then keep trying
-                    // to remove a row this owner may have committed until its lease would
-                    // have ended anyway: nobody else will ever use this owner value.
-                    drop(reply.send(Err(Error::from(err))));
-                    release_if_owned(&shared, &key, &owner, sent_at + lease).await;
-                    return;
-                }
-                Err(err) => {
-                    // A reentrant owner may try again with the same value as soon as it has
-                    // the answer: clean up once, before answering, so that no cleanup can
-                    // delete its next acquisition.
-                    release_if_owned(&shared, &key, &owner, Instant::now()).await;
-                    Err(Error::from(err))
-                }
-            };
-            drop(reply.send(outcome));
-        });
-        answer
-            .await
-            .unwrap_or(Err(Error::Database(sqlx::Error::WorkerCrashed)))
-    }
-}
-
-/// After an acquisition whose outcome is unknown: deletes the row if `owner` holds it,
-/// retrying failed statements with the retry policy's sleeps until `until`.
-async fn release_if_owned<DB: Backend>(
-    shared: &Shared<DB>,
-    key: &str,
-    owner: &str,
-    until: Instant,
-) {
-    let mut delays = shared.retry.delays();
-    loop {
-        let done = match DB::inspect(&shared.pool, &shared.sql, key).await {
-            Ok(Some((holder, fencing_token, _))) if holder == owner => {
-                let id = LockId {
-                    key,
-                    owner,
-                    fencing_token,
-                };
-                DB::release(&shared.pool, &shared.sql, id).await.is_ok()
-            }
-            // No row, or someone else's: nothing of ours to remove.
-            Ok(_) => true,
-            Err(_) => false,
+            .then(|| self.shared.renew_interval.min(lease / 3));
+        let request = Request {
+            key,
+            owner,
+            lease,
+            renew,
         };
-        let retry_at = Instant::now() + delays.next().unwrap_or_default();
-        if done || retry_at >= until {
-            if !done {
-                tracing::warn!(
-                    key,
-                    owner,
-                    "could not check for a row left by a failed acquisition; it will expire"
-                );
-            }
-            return;
-        }
-        tokio::time::sleep_until(retry_at).await;
+        self.shared.engine.attempt(request, gate).await
+    }
+
+    /// A guard on a won lease.
+    pub(crate) fn guard(&self, lease: Arc<Lease>) -> LockGuard<DB> {
+        LockGuard::new(Arc::clone(&self.shared), lease)
+    }
+
+    /// Deletes every expired row once, in batches of [`DEFAULT_REAP_BATCH`]; returns how
+    /// many went. Live leases are never deleted; several reapers at once are safe (on
+    /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
+    /// three times as long as the batch took, so other acquirers keep their pace.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: each batch commits on its own; dropping the future stops between or
+    /// during batches, and what was deleted stays deleted.
+    pub async fn reap_expired(&self) -> Result<u64> {
+        let engine = &self.shared.engine;
+        reap_all(engine.table(), engine.counters(), DEFAULT_REAP_BATCH, None).await
+    }
+
+    /// Starts a background task that deletes expired rows every `config.interval`, in
+    /// batches of `config.batch` (paced as [`reap_expired`](Self::reap_expired)). Errors
+    /// are logged and the next pass tries again.
+    pub fn spawn_reaper(&self, config: ReaperConfig) -> Result<ReaperHandle> {
+        crate::reaper::validate(&config)?;
+        let engine = &self.shared.engine;
+        Ok(ReaperHandle::spawn(
+            Arc::clone(engine.table()),
+            engine.counters_arc(),
+            config,
+        ))
     }
 }

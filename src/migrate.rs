@@ -30,7 +30,7 @@ impl<DB: Backend> AsyncTransaction for Adapter<'_, DB> {
                 .map(|q| q.trim().trim_end_matches(';'))
                 .filter(|q| !q.is_empty())
                 .collect();
-            DB::run_script(self.conn, &statements.join(";\n")).await?;
+            DB::run_script(&mut **self.conn, &statements.join(";\n")).await?;
             Ok(statements.len())
         }
     }
@@ -39,7 +39,7 @@ impl<DB: Backend> AsyncTransaction for Adapter<'_, DB> {
 impl<DB: Backend> AsyncQuery<Vec<Migration>> for Adapter<'_, DB> {
     async fn query<'a>(&'a mut self, query: &'a str) -> Result<Vec<Migration>, Self::Error> {
         {
-            let rows = DB::history(self.conn, query).await?;
+            let rows = DB::history(&mut **self.conn, query).await?;
             rows.into_iter()
                 .map(|(version, name, applied_on, checksum)| {
                     let decode =
@@ -71,9 +71,9 @@ pub(crate) async fn run<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<usi
     // The migration lock is session-scoped: if this future is dropped half-way, the
     // connection must not go back to the pool still holding it.
     conn.close_on_drop();
-    DB::lock_migrations(&mut conn, table).await?;
+    DB::lock_migrations(&mut *conn, table).await?;
     let outcome = runner.run_async(&mut Adapter { conn: &mut conn }).await;
-    DB::unlock_migrations(&mut conn, table, outcome.is_ok()).await?;
+    DB::unlock_migrations(&mut *conn, table, outcome.is_ok()).await?;
     let report = outcome?;
     let applied = report.applied_migrations().len();
     tracing::info!(

@@ -3,11 +3,13 @@
 //! retried with backoff when another writer got there first.
 
 use sqlx::Pool;
+use tokio::time::Instant;
 
 use crate::config::RetryPolicy;
 use crate::dialect::{Backend, Sql, SqlValue, read_versioned, write_versioned};
 use crate::error::{Error, Result};
 use crate::ident::Ident;
+use crate::retry::Backoff;
 
 /// How many times [`Versioned::update`] reads and tries to write before it gives up with
 /// [`Error::VersionConflict`], unless the builder says otherwise.
@@ -205,31 +207,34 @@ impl<DB: Backend> Versioned<DB> {
         K: SqlValue<DB>,
         V: SqlValue<DB>,
     {
-        let mut delays = self.retry.delays();
-        for attempt in 1..=self.max_attempts {
-            if attempt > 1 {
-                tokio::time::sleep(delays.next().unwrap_or_default()).await;
+        // The attempts, not time, bound the loop.
+        let mut backoff = Backoff::new(&self.retry, Instant::now() + crate::MAX_WAIT);
+        for attempts in 1..=self.max_attempts {
+            if attempts > 1 {
+                backoff.pause().await;
             }
-            let (current, version) = DB::read_versioned::<K, V>(&self.pool, &self.read, key)
-                .await?
-                .ok_or(sqlx::Error::RowNotFound)?;
+            let (current, version) = {
+                let mut conn = self.pool.acquire().await?;
+                DB::read_versioned::<K, V>(&mut conn, &self.read, key)
+                    .await?
+                    .ok_or(sqlx::Error::RowNotFound)?
+            };
             let value = match decide(current).await {
                 Decision::Write(value) => value,
-                Decision::Refuse(reason) => {
-                    return Ok(Outcome::Refused {
-                        reason,
-                        attempts: attempt,
-                    });
-                }
+                Decision::Refuse(reason) => return Ok(Outcome::Refused { reason, attempts }),
             };
-            if DB::write_versioned(&self.pool, &self.write, &value, key, version).await? {
+            let written = {
+                let mut conn = self.pool.acquire().await?;
+                DB::write_versioned(&mut conn, &self.write, &value, key, version).await?
+            };
+            if written {
                 return Ok(Outcome::Written {
                     value,
                     version: version + 1,
-                    attempts: attempt,
+                    attempts,
                 });
             }
-            tracing::trace!(table = %self.table, attempt, "version moved; reading again");
+            tracing::trace!(table = %self.table, attempts, "version moved; reading again");
         }
         Err(Error::VersionConflict {
             table: self.table.to_string(),

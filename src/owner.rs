@@ -17,7 +17,7 @@ use crate::locker::Locker;
 /// Every acquisition through a plain [`Locker`] uses a fresh owner value, so a task that
 /// asks twice for a key it holds waits for itself. An `Owner` keeps one owner value: when
 /// it asks for a key it already holds, it gets a *nested* guard at once, without a
-/// database round trip, sharing the first guard's row, fencing token, lease and watchdog.
+/// database round trip, sharing the first guard's row, fencing token, lease and renewal.
 /// The row is deleted only when the last of those guards is released (or dropped), in
 /// whatever order. Any other owner (another `Owner`, a plain `Locker`, a plain-SQL
 /// client) stays excluded throughout.
@@ -29,9 +29,10 @@ use crate::locker::Locker;
 pub struct Owner<DB: Backend> {
     locker: Locker<DB>,
     value: Arc<str>,
-    held: Arc<Mutex<HashMap<String, Weak<Lease<DB>>>>>,
+    held: Arc<Mutex<HashMap<String, Weak<Lease>>>>,
     /// Makes "not held yet, ask the database" atomic per owner: two tasks of one owner
-    /// racing for the same key must not both go to the database with the same value.
+    /// racing for the same key must not both go to the database with the same value. An
+    /// attempt that failed keeps it shut through its clean-up (see `acquire::Gate`).
     gate: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -77,7 +78,8 @@ impl<DB: Backend> Owner<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        self.attempt(key, lease).await
+        let won = self.attempt(key, lease).await?;
+        Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
     /// As [`Locker::acquire`], but a key this owner already holds is granted at once as a
@@ -92,32 +94,38 @@ impl<DB: Backend> Owner<DB> {
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
-        self.locker
-            .retry_until(key, wait, || self.attempt(key, lease))
-            .await
+        let engine = &self.locker.shared.engine;
+        let won = engine
+            .wait_for(key, wait, async || self.attempt(key, lease).await)
+            .await?;
+        Ok(self.locker.guard(won))
     }
 
-    async fn attempt(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
+    /// A nested lease if this owner holds `key`, else one attempt at the database.
+    async fn attempt(&self, key: &str, lease: Duration) -> Result<Option<Arc<Lease>>> {
         if let Some(nested) = self.nest(key) {
             return Ok(Some(nested));
         }
-        let _one_at_a_time = self.gate.lock().await;
+        let mut gate = Some(Arc::clone(&self.gate).lock_owned().await);
         if let Some(nested) = self.nest(key) {
             return Ok(Some(nested));
         }
-        let guard = self.locker.attempt(key, &self.value, lease, false).await?;
-        if let Some(guard) = &guard {
+        let won = self
+            .locker
+            .attempt(key, &self.value, lease, &mut gate)
+            .await?;
+        if let Some(won) = &won {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
             held.retain(|_, lease| lease.strong_count() > 0);
-            held.insert(key.to_owned(), Arc::downgrade(guard.lease()));
+            held.insert(key.to_owned(), Arc::downgrade(won));
         }
-        Ok(guard)
+        Ok(won)
     }
 
-    /// A nested guard on a lease this owner still holds.
-    fn nest(&self, key: &str) -> Option<LockGuard<DB>> {
+    /// A nested hold on a lease this owner still holds.
+    fn nest(&self, key: &str) -> Option<Arc<Lease>> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let lease = held.get(key)?.upgrade()?;
-        lease.nest().then(|| LockGuard::new(lease))
+        lease.nest().then_some(lease)
     }
 }

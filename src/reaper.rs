@@ -1,17 +1,30 @@
-//! Deleting expired rows: once ([`Locker::reap_expired`]) or in the background
-//! ([`Locker::spawn_reaper`]). Takeover does not need it; it keeps the table small.
+//! Deleting expired rows: once ([`Locker::reap_expired`](crate::Locker::reap_expired)) or
+//! in the background ([`Locker::spawn_reaper`](crate::Locker::spawn_reaper)). Takeover
+//! does not need it; it keeps the table small.
+//!
+//! A pass deletes bounded batches through the `expire_time` index until one comes back
+//! short, and paces itself: after each batch it pauses for [`PACE`] times as long as the
+//! batch took, so a large backlog is worked off in the background without crowding out
+//! the acquisitions running beside it.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, MAX_LEASE, validate_range};
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
-use crate::locker::{Locker, Shared};
+use crate::stats::Counters;
+use crate::table::LockTable;
+
+/// After a full batch, the reaper pauses this many times as long as the batch took: the
+/// database spends at most a quarter of its time on reaping while a backlog lasts.
+pub(crate) const PACE: u32 = 3;
 
 /// How a background reaper runs.
 ///
@@ -74,43 +87,24 @@ impl Drop for ReaperHandle {
     }
 }
 
-impl<DB: Backend> Locker<DB> {
-    /// Deletes every expired row once, in batches of [`DEFAULT_REAP_BATCH`]; returns how
-    /// many went. Live leases are never deleted; several reapers at once are safe (on
-    /// PostgreSQL they skip rows another one is deleting).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: each batch commits on its own; dropping the future stops between or
-    /// during batches, and what was deleted stays deleted.
-    pub async fn reap_expired(&self) -> Result<u64> {
-        reap_all(&self.shared, DEFAULT_REAP_BATCH).await
-    }
-
-    /// Starts a background task that deletes expired rows every `config.interval`, in
-    /// batches of `config.batch`. Errors are logged and the next pass tries again.
-    pub fn spawn_reaper(&self, config: ReaperConfig) -> Result<ReaperHandle> {
-        validate_range(
-            "reaper interval",
-            config.interval,
-            Duration::from_millis(1),
-            MAX_LEASE,
-        )?;
-        if config.batch == 0 {
-            return Err(Error::InvalidConfig(
-                "reaper batch must be at least 1".into(),
-            ));
-        }
-        let shared = Arc::clone(&self.shared);
+impl ReaperHandle {
+    /// Starts the reaper on `table`; `config` was validated by [`validate`].
+    pub(crate) fn spawn<DB: Backend>(
+        table: Arc<LockTable<DB>>,
+        counters: Arc<Counters>,
+        config: ReaperConfig,
+    ) -> Self {
         let stop = CancellationToken::new();
         let (total, deleted) = watch::channel(0u64);
         let stopping = stop.clone();
         let task = tokio::spawn(async move {
             loop {
-                match reap_all(&shared, config.batch).await {
+                let pass = reap_all(&table, &counters, config.batch, Some(&stopping));
+                match pass.await {
                     Ok(0) => {}
                     Ok(n) => total.send_modify(|t| *t += n),
                     Err(err) => {
-                        tracing::warn!(table = %shared.table, error = %err, "reaper pass failed")
+                        tracing::warn!(table = %table.name(), error = %err, "reaper pass failed")
                     }
                 }
                 tokio::select! {
@@ -119,28 +113,57 @@ impl<DB: Backend> Locker<DB> {
                 }
             }
         });
-        Ok(ReaperHandle {
+        ReaperHandle {
             stop,
             task: Some(task),
             deleted,
-        })
+        }
     }
 }
 
-async fn reap_all<DB: Backend>(shared: &Shared<DB>, batch: u32) -> Result<u64> {
+/// Checks a reaper's options before anything starts.
+pub(crate) fn validate(config: &ReaperConfig) -> Result<()> {
+    validate_range(
+        "reaper interval",
+        config.interval,
+        Duration::from_millis(1),
+        MAX_LEASE,
+    )?;
+    if config.batch == 0 {
+        return Err(Error::InvalidConfig(
+            "reaper batch must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Deletes every expired row, in batches of `batch`, pausing [`PACE`] times each batch's
+/// duration between batches; stops early (between batches) when `stop` is cancelled.
+pub(crate) async fn reap_all<DB: Backend>(
+    table: &LockTable<DB>,
+    counters: &Counters,
+    batch: u32,
+    stop: Option<&CancellationToken>,
+) -> Result<u64> {
     let mut total = 0;
     loop {
-        let deleted = DB::reap_batch(&shared.pool, &shared.sql, i64::from(batch)).await?;
+        let started = Instant::now();
+        let deleted = table.reap_batch(batch).await?;
         total += deleted;
-        shared
-            .counters
-            .reaped
-            .fetch_add(deleted, std::sync::atomic::Ordering::Relaxed);
+        counters.reaped.fetch_add(deleted, Ordering::Relaxed);
         if deleted < u64::from(batch) {
             if total > 0 {
-                tracing::info!(table = %shared.table, deleted = total, "reaped expired locks");
+                tracing::info!(table = %table.name(), deleted = total, "reaped expired locks");
             }
             return Ok(total);
+        }
+        let pause = started.elapsed() * PACE;
+        match stop {
+            Some(stop) => tokio::select! {
+                _ = stop.cancelled() => return Ok(total),
+                _ = tokio::time::sleep(pause) => {}
+            },
+            None => tokio::time::sleep(pause).await,
         }
     }
 }

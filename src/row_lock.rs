@@ -6,6 +6,7 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 
 use crate::config::{MAX_WAIT, validate_range};
+pub use crate::dialect::RowLockMode;
 use crate::dialect::{Backend, SqlValue, select_keys};
 use crate::error::{Error, Result};
 use crate::ident::Ident;
@@ -13,33 +14,6 @@ use crate::ident::Ident;
 /// Most keys one [`RowLocker::lock`] call takes: every key is one bind parameter, and
 /// a lock on thousands of rows is better taken in batches.
 pub const MAX_ROW_LOCK_KEYS: usize = 1000;
-
-/// What [`RowLocker::lock`] does about rows another transaction has locked.
-///
-/// SQLite has no row locks: there every mode takes the database's write lock with
-/// `BEGIN IMMEDIATE`, and "locked by someone else" means "another connection is writing".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum RowLockMode {
-    /// Wait until the rows are free (`FOR UPDATE`). The server's own limit still applies:
-    /// MySQL's `innodb_lock_wait_timeout` (50 s by default), PostgreSQL's `lock_timeout`
-    /// (none by default), SQLite's busy timeout (5 s in sqlx); past it,
-    /// [`Error::RowLocked`].
-    #[default]
-    Wait,
-    /// Fail at once with [`Error::RowLocked`] if any row is locked (`FOR UPDATE NOWAIT`).
-    NoWait,
-    /// Lock the rows that are free and leave out the others (`FOR UPDATE SKIP LOCKED`):
-    /// the closure gets only the keys it locked. On SQLite nothing can be skipped (the
-    /// lock is the whole database), so a busy database is [`Error::RowLocked`] at once.
-    SkipLocked,
-    /// Wait at most this long, then [`Error::RowLocked`]. PostgreSQL counts milliseconds
-    /// (`lock_timeout`, for the locking statement only); MySQL and MariaDB count whole
-    /// seconds, so it is rounded up (`innodb_lock_wait_timeout` per statement); SQLite
-    /// uses it as the busy timeout of `BEGIN IMMEDIATE`. Between 1 ms and
-    /// [`MAX_WAIT`](crate::MAX_WAIT).
-    Timeout(Duration),
-}
 
 /// Locks rows of one of the caller's tables by key and runs the caller's work in the
 /// same transaction: commit when the work returns `Ok`, roll back when it returns `Err`
@@ -150,6 +124,9 @@ impl<DB: Backend> RowLocker<DB> {
             .into());
         }
         let mut conn = self.pool.acquire().await.map_err(Error::from)?;
+        if DB::row_lock_changes_connection(mode) {
+            conn.close_on_drop();
+        }
         let mut tx = DB::begin_row_lock(&mut conn, mode)
             .await
             .map_err(row_error::<DB>)?;

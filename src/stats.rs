@@ -12,9 +12,14 @@ pub struct Stats {
     pub acquired: u64,
     /// Rows released by this locker's guards (explicitly or on drop).
     pub released: u64,
-    /// Renewal statements sent by watchdogs (counted before they are sent).
+    /// Renewal batches sent by the lease engine (counted before they are sent). One batch
+    /// renews every due lease of the locker, up to 10,000 of them: one statement on
+    /// PostgreSQL, two on MySQL/MariaDB (the `UPDATE` and its read-back), one or two on
+    /// SQLite (a second one only when a lease was lost).
     pub renewals: u64,
-    /// Renewal statements that failed and were retried.
+    /// Leases renewed (rows), over all batches.
+    pub renewed: u64,
+    /// Renewal batches that failed and were retried.
     pub renewal_errors: u64,
     /// Leases reported lost through [`LockGuard::lost`](crate::LockGuard::lost).
     pub lost: u64,
@@ -28,6 +33,7 @@ pub(crate) struct Counters {
     pub(crate) acquired: AtomicU64,
     pub(crate) released: AtomicU64,
     pub(crate) renewals: AtomicU64,
+    pub(crate) renewed: AtomicU64,
     pub(crate) renewal_errors: AtomicU64,
     pub(crate) lost: AtomicU64,
     pub(crate) reaped: AtomicU64,
@@ -44,6 +50,7 @@ impl Counters {
             acquired: self.acquired.load(Relaxed),
             released: self.released.load(Relaxed),
             renewals: self.renewals.load(Relaxed),
+            renewed: self.renewed.load(Relaxed),
             renewal_errors: self.renewal_errors.load(Relaxed),
             lost: self.lost.load(Relaxed),
             reaped: self.reaped.load(Relaxed),

@@ -1,6 +1,7 @@
 //! The contenders of the uncontended cycle besides the hand-written ones: dblock itself,
 //! dblock's dialect layer alone (to split its overhead), and Redis.
 
+use dblock::internals::LockTable;
 use dblock::{Backend, LockId, Locker};
 use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
@@ -33,21 +34,19 @@ impl<DB: Backend> Contender for Dblock<DB> {
     }
 }
 
-/// dblock's dialect functions called directly, without `Locker`, guard or watchdog. They
-/// are public but hidden (`Backend`'s items); the bench uses them only to tell the cost
-/// of dblock's statement layer from the cost of the layer above it.
+/// dblock's lock-table access layer called directly, without `Locker`, guard or lease
+/// engine. It is public but hidden (`dblock::internals`); the bench uses it only to tell
+/// the cost of dblock's statement layer from the cost of the layer above it.
 pub struct DialectOnly<DB: Backend> {
     pub name: String,
-    pool: Pool<DB>,
-    sql: DB::Statements,
+    table: LockTable<DB>,
 }
 
 impl<DB: Backend> DialectOnly<DB> {
     pub fn new(name: &str, pool: Pool<DB>, table: &str) -> Self {
         DialectOnly {
             name: name.to_owned(),
-            pool,
-            sql: DB::statements(table),
+            table: LockTable::new(pool, table),
         }
     }
 }
@@ -60,9 +59,7 @@ impl<DB: Backend> Contender for DialectOnly<DB> {
     fn cycle<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
         Box::pin(async move {
             let owner = new_owner();
-            let micros = i64::try_from(LEASE.as_micros()).unwrap_or(i64::MAX);
-            let Some(won) = DB::try_acquire(&self.pool, &self.sql, key, &owner, micros).await?
-            else {
+            let Some(won) = self.table.acquire(key, &owner, LEASE).await? else {
                 return Ok(false);
             };
             let id = LockId {
@@ -70,7 +67,7 @@ impl<DB: Backend> Contender for DialectOnly<DB> {
                 owner: &owner,
                 fencing_token: won.fencing_token,
             };
-            Ok(DB::release(&self.pool, &self.sql, id).await?)
+            Ok(self.table.release(id).await?)
         })
     }
 }

@@ -1,15 +1,24 @@
-//! The one place that knows how each database spells the lock operations.
+//! The one place that knows how each database spells dblock's statements: the bottom
+//! layer. Nothing here imports from the rest of the crate except the leaf modules
+//! (errors, identifiers).
 //!
-//! [`Backend`] is implemented for `sqlx::Postgres`, `sqlx::MySql` and `sqlx::Sqlite`, one
-//! file each. Every SQL statement of a database and the way its result is read lives in
-//! that database's file; the algorithm (validation, retries, guards, renewal) is written
-//! once, in terms of these operations, in the rest of the crate.
+//! Two traits, one calling convention each:
+//! - [`LockSql`]: the lock table's statements (acquire, release, extend, batched renewal,
+//!   inspection, reaping, migrations). Every function takes one connection and the
+//!   table's prepared [`LockSql::Statements`]; only the lock-table access layer
+//!   (`table.rs`) calls them.
+//! - [`TxSql`]: the transaction helpers' statements (row locks, versioned updates, the
+//!   fencing check). Every function takes the caller's connection (a transaction derefs
+//!   to one) and the statement text.
+//!
+//! Each is implemented for `sqlx::Postgres`, `sqlx::MySql` and `sqlx::Sqlite`, one file
+//! each; adding a database is one more file here.
 
 use std::future::Future;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::pool::PoolConnection;
-use sqlx::{Database, Pool};
+use sqlx::{Database, Transaction};
 
 /// The parts of a dialect that are the same code for every database, spelled out for
 /// each concrete sqlx type (sqlx's executor bounds do not lend themselves to generics).
@@ -17,45 +26,28 @@ use sqlx::{Database, Pool};
 macro_rules! scripts_and_history {
     () => {
         fn reap_batch(
-            pool: &sqlx::Pool<Self>,
+            conn: &mut <Self as sqlx::Database>::Connection,
             sql: &Self::Statements,
             batch: i64,
         ) -> impl std::future::Future<Output = Result<u64, sqlx::Error>> + Send {
             let reap = sqlx::query(super::audited(&sql.reap)).bind(batch);
-            async move { Ok(reap.execute(pool).await?.rows_affected()) }
-        }
-
-        async fn check_fence(
-            conn: &mut <Self as sqlx::Database>::Connection,
-            table: &str,
-            key: &str,
-            owner: &str,
-            fencing_token: i64,
-        ) -> Result<bool, sqlx::Error> {
-            let found: Option<i64> =
-                sqlx::query_scalar(super::audited(&super::sql(CHECK_FENCE, table)))
-                    .bind(key)
-                    .bind(owner)
-                    .bind(fencing_token)
-                    .fetch_optional(conn)
-                    .await?;
-            Ok(found.is_some())
+            async move { Ok(reap.execute(conn).await?.rows_affected()) }
         }
 
         fn run_script<'a>(
-            conn: &'a mut sqlx::pool::PoolConnection<Self>,
+            conn: &'a mut <Self as sqlx::Database>::Connection,
             script: &'a str,
         ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'a {
             async move {
                 sqlx::raw_sql(sqlx::AssertSqlSafe(script.to_owned()))
-                    .execute(&mut **conn)
+                    .execute(conn)
                     .await
                     .map(|_| ())
             }
         }
 
         fn history<'a>(
-            conn: &'a mut sqlx::pool::PoolConnection<Self>,
+            conn: &'a mut <Self as sqlx::Database>::Connection,
             query: &'a str,
         ) -> impl std::future::Future<
             Output = Result<Vec<(i64, String, String, String)>, sqlx::Error>,
@@ -64,7 +56,7 @@ macro_rules! scripts_and_history {
             async move {
                 let rows: Vec<(i32, String, String, String)> =
                     sqlx::query_as(sqlx::AssertSqlSafe(query.to_owned()))
-                        .fetch_all(&mut **conn)
+                        .fetch_all(conn)
                         .await?;
                 Ok(rows
                     .into_iter()
@@ -83,6 +75,14 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+mod portable;
+pub use portable::SqlValue;
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql")),
+    allow(unused_imports)
+)] // SQLite has no FOR UPDATE
+pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
 
 /// What the database answered to a successful acquisition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,38 +106,73 @@ pub struct LockId<'a> {
     pub fencing_token: i64,
 }
 
-/// How an error seen while acquiring is to be read.
+/// One lease to renew in a batch: its row and the lease length to set.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    /// The row, owner- and token-checked.
+    pub id: LockId<'a>,
+    /// The new lease, counted from the database's clock when the statement runs.
+    pub lease_micros: i64,
+}
+
+/// A lock-table row as a batched renewal or an inspection saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowState {
+    /// The key.
+    pub key: String,
+    /// The owner value in the row.
+    pub owner: String,
+    /// The fencing token in the row.
+    pub fencing_token: i64,
+    /// The row's expiry (the new one, when `renewed`).
+    pub expires_at: DateTime<Utc>,
+    /// Whether this statement renewed the row (it was the requested owner's and token's,
+    /// and unexpired by the database clock).
+    pub renewed: bool,
+}
+
+/// Who holds one key, as [`LockSql::inspect`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspected {
+    /// The owner value.
+    pub owner: String,
+    /// The fencing token.
+    pub fencing_token: i64,
+    /// The lease's end by the database clock.
+    pub expires_at: DateTime<Utc>,
+    /// Whether that end has passed, by the database clock.
+    pub expired: bool,
+}
+
+/// How an error from a lock-table statement is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contention {
-    /// Another session got in the way (duplicate key, deadlock, lock wait, busy):
-    /// the lock was not acquired, try again later.
+    /// The statement was rolled back as a deadlock victim: nothing changed, and the same
+    /// statement may be sent again at once.
+    Deadlock,
+    /// Another session got in the way (duplicate key, lock wait, busy): the lock was not
+    /// acquired, try again later.
     LostRace,
     /// Anything else: report it.
     Failure,
 }
 
-/// One of the three supported databases. Sealed: implemented by dblock for
-/// `sqlx::Postgres`, `sqlx::MySql` and `sqlx::Sqlite` only.
-///
-/// Its items are dblock's internals (the dialect): SQL text and how results are read.
-pub trait Backend: Database + sealed::Sealed {
-    /// Every statement of this dialect, with the table name spliced in once.
-    #[doc(hidden)]
+/// The lock table's statements for one database. Sealed and hidden: dblock's internals.
+#[doc(hidden)]
+pub trait LockSql: Database {
+    /// Every lock-table statement of this dialect, with the table name spliced in once.
     type Statements: Send + Sync + 'static;
 
     /// The migration files as `(refinery file name, SQL template with `{table}`)`.
-    #[doc(hidden)]
     const MIGRATIONS: &'static [(&'static str, &'static str)];
 
     /// Builds the statements for a validated table name.
-    #[doc(hidden)]
     fn statements(table: &str) -> Self::Statements;
 
     /// One attempt: insert the row, or take over an expired one, in one atomic step.
     /// `Ok(None)` when a live lease of another owner is in the way.
-    #[doc(hidden)]
-    fn try_acquire(
-        pool: &Pool<Self>,
+    fn acquire(
+        conn: &mut Self::Connection,
         sql: &Self::Statements,
         key: &str,
         owner: &str,
@@ -145,95 +180,124 @@ pub trait Backend: Database + sealed::Sealed {
     ) -> impl Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send;
 
     /// Owner- and token-checked delete; `true` when our row was deleted.
-    #[doc(hidden)]
     fn release(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &Self::Statements,
         lock: LockId<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Owner- and token-checked extension of a live lease (never an upsert: it cannot take
     /// a lock back); the new expiry, or `None` when the row is no longer ours or expired.
-    #[doc(hidden)]
     fn extend(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &Self::Statements,
         lock: LockId<'_>,
         lease_micros: i64,
     ) -> impl Future<Output = Result<Option<DateTime<Utc>>, sqlx::Error>> + Send;
 
-    /// Who holds `key` now, by the database clock: `(owner, fencing token, expired?)`.
-    #[doc(hidden)]
+    /// Renews every lease of `batch` that is still its owner's and unexpired, each
+    /// owner- and token-checked, in at most two statements; returns the state of every
+    /// row of the batch's keys that exists (a key without a row was deleted).
+    fn renew(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        batch: &[Renewal<'_>],
+    ) -> impl Future<Output = Result<Vec<RowState>, sqlx::Error>> + Send;
+
+    /// Who holds `key` now, by the database clock.
     fn inspect(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &Self::Statements,
         key: &str,
-    ) -> impl Future<Output = Result<Option<(String, i64, bool)>, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Inspected>, sqlx::Error>> + Send;
 
     /// Deletes at most `batch` expired rows; how many went.
-    #[doc(hidden)]
     fn reap_batch(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &Self::Statements,
         batch: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 
-    /// Reads an acquisition error: lost race or real failure.
-    #[doc(hidden)]
+    /// Reads an error of a lock-table statement.
     fn contention(err: &sqlx::Error) -> Contention;
 
     /// Serializes migration runs across processes, on this connection.
-    #[doc(hidden)]
     fn lock_migrations(
-        conn: &mut PoolConnection<Self>,
+        conn: &mut Self::Connection,
         table: &str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
-    /// Ends what [`Backend::lock_migrations`] started; `commit` is false after a failure.
-    #[doc(hidden)]
+    /// Ends what [`LockSql::lock_migrations`] started; `commit` is false after a failure.
     fn unlock_migrations(
-        conn: &mut PoolConnection<Self>,
+        conn: &mut Self::Connection,
         table: &str,
         commit: bool,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Runs a multi-statement script as one simple query.
-    #[doc(hidden)]
     fn run_script<'a>(
-        conn: &'a mut PoolConnection<Self>,
+        conn: &'a mut Self::Connection,
         script: &'a str,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// Reads refinery's history rows: `(version, name, applied_on, checksum)`.
-    #[doc(hidden)]
     fn history<'a>(
-        conn: &'a mut PoolConnection<Self>,
+        conn: &'a mut Self::Connection,
         query: &'a str,
     ) -> impl Future<Output = Result<Vec<(i64, String, String, String)>, sqlx::Error>> + Send + 'a;
+}
 
-    // Row locks, optimistic updates and fencing (row_lock.rs, optimistic.rs, fencing.rs).
+/// What [`RowLocker::lock`](crate::RowLocker::lock) does about rows another transaction
+/// has locked.
+///
+/// SQLite has no row locks: there every mode takes the database's write lock with
+/// `BEGIN IMMEDIATE`, and "locked by someone else" means "another connection is writing".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RowLockMode {
+    /// Wait until the rows are free (`FOR UPDATE`). The server's own limit still applies:
+    /// MySQL's `innodb_lock_wait_timeout` (50 s by default), PostgreSQL's `lock_timeout`
+    /// (none by default), SQLite's busy timeout (5 s in sqlx); past it,
+    /// [`Error::RowLocked`](crate::Error::RowLocked).
+    #[default]
+    Wait,
+    /// Fail at once with [`Error::RowLocked`](crate::Error::RowLocked) if any row is locked
+    /// (`FOR UPDATE NOWAIT`).
+    NoWait,
+    /// Lock the rows that are free and leave out the others (`FOR UPDATE SKIP LOCKED`):
+    /// the closure gets only the keys it locked. On SQLite nothing can be skipped (the
+    /// lock is the whole database), so a busy database is
+    /// [`Error::RowLocked`](crate::Error::RowLocked) at once.
+    SkipLocked,
+    /// Wait at most this long, then [`Error::RowLocked`](crate::Error::RowLocked).
+    /// PostgreSQL counts milliseconds (`lock_timeout`, for the locking statement only);
+    /// MySQL and MariaDB count whole seconds, so it is rounded up
+    /// (`innodb_lock_wait_timeout` per statement); SQLite uses it as the busy timeout of
+    /// `BEGIN IMMEDIATE`. Between 1 ms and [`MAX_WAIT`](crate::MAX_WAIT).
+    Timeout(Duration),
+}
 
+/// The transaction helpers' statements for one database: row locks, versioned updates
+/// and the fencing check. Sealed and hidden: dblock's internals.
+#[doc(hidden)]
+pub trait TxSql: Database {
     /// The bind mark of the `index`-th parameter, counting from 1: `$1` or `?`.
-    #[doc(hidden)]
     fn bind_mark(index: usize) -> String;
 
     /// Turns the portable `SELECT .. ORDER BY key` into this database's row-locking query.
-    #[doc(hidden)]
     fn row_lock_sql(select: &str, mode: RowLockMode) -> String;
 
     /// Opens the transaction a row lock runs in. SQLite overrides it: `BEGIN IMMEDIATE`.
-    #[doc(hidden)]
     fn begin_row_lock(
-        conn: &mut PoolConnection<Self>,
+        conn: &mut Self::Connection,
         _mode: RowLockMode,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send {
-        sqlx::Connection::begin(&mut **conn)
+        sqlx::Connection::begin(conn)
     }
 
-    /// Runs the row-locking query of [`Backend::row_lock_sql`] inside the transaction,
+    /// Runs the row-locking query of [`TxSql::row_lock_sql`] inside the transaction,
     /// applying the mode's timeout where the query itself cannot carry it. By default the
     /// query carries it (MySQL's hints, SQLite's busy timeout): PostgreSQL overrides this.
-    #[doc(hidden)]
     fn lock_rows<K: SqlValue<Self>>(
         conn: &mut Self::Connection,
         sql: &str,
@@ -243,12 +307,16 @@ pub trait Backend: Database + sealed::Sealed {
         Self::fetch_keys(conn, sql, keys)
     }
 
+    /// Whether [`TxSql::begin_row_lock`] in this mode changes the connection's settings,
+    /// so that it must be closed afterwards rather than handed back to the pool.
+    fn row_lock_changes_connection(_mode: RowLockMode) -> bool {
+        false
+    }
+
     /// Whether the error means "a row (or SQLite's database) is locked by someone else".
-    #[doc(hidden)]
     fn is_row_locked(err: &sqlx::Error) -> bool;
 
     /// Runs a portable key query; binds the keys in order. See `portable_ops!`.
-    #[doc(hidden)]
     fn fetch_keys<K: SqlValue<Self>>(
         conn: &mut Self::Connection,
         sql: &str,
@@ -256,17 +324,15 @@ pub trait Backend: Database + sealed::Sealed {
     ) -> impl Future<Output = Result<Vec<K>, sqlx::Error>> + Send;
 
     /// Reads `(value, version)` of the row `key`. See `portable_ops!`.
-    #[doc(hidden)]
     fn read_versioned<K: SqlValue<Self>, V: SqlValue<Self>>(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &Sql,
         key: &K,
     ) -> impl Future<Output = Result<Option<(V, i64)>, sqlx::Error>> + Send;
 
     /// Writes `value` to the row `key` if its version is still `version`; `true` if it did.
-    #[doc(hidden)]
     fn write_versioned<K: SqlValue<Self>, V: SqlValue<Self>>(
-        pool: &Pool<Self>,
+        conn: &mut Self::Connection,
         sql: &Sql,
         value: &V,
         key: &K,
@@ -276,17 +342,20 @@ pub trait Backend: Database + sealed::Sealed {
     /// Inside the caller's transaction: `true` if `(key, owner, token)` holds an unexpired
     /// lease by the database clock, after locking that row against takeover, release and
     /// renewal until the transaction ends.
-    #[doc(hidden)]
     fn check_fence(
         conn: &mut Self::Connection,
         table: &str,
-        key: &str,
-        owner: &str,
-        fencing_token: i64,
+        lock: LockId<'_>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 }
 
-mod sealed {
+/// One of the three supported databases: both halves of its dialect. Sealed: implemented
+/// by dblock for `sqlx::Postgres`, `sqlx::MySql` and `sqlx::Sqlite` only.
+pub trait Backend: LockSql + TxSql + sealed::Sealed {}
+
+impl<DB: LockSql + TxSql + sealed::Sealed> Backend for DB {}
+
+pub(crate) mod sealed {
     pub trait Sealed {}
 }
 
@@ -318,13 +387,21 @@ pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
-// Row locks, optimistic updates and fencing: the statements shared by every dialect.
-mod portable;
-use crate::row_lock::RowLockMode;
-pub use portable::SqlValue;
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql")),
-    allow(unused_imports)
-)] // SQLite has no FOR UPDATE
-pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
-use sqlx::Transaction;
+/// A batch as one JSON array of `{"k", "o", "t", "m"}` objects (key, owner, token, and
+/// the lease as `lease` spells it), for the databases that take a batch as one JSON
+/// parameter: no bind-parameter limit, and one statement text for any batch size.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn batch_json(
+    batch: &[Renewal<'_>],
+    lease: impl Fn(i64) -> serde_json::Value,
+) -> String {
+    let rows: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "k": r.id.key, "o": r.id.owner, "t": r.id.fencing_token, "m": lease(r.lease_micros)
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}

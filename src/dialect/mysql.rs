@@ -9,10 +9,12 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlDatabaseError;
-use sqlx::pool::PoolConnection;
-use sqlx::{MySql, Pool};
+use sqlx::{MySql, MySqlConnection};
 
-use super::{Acquired, Backend, Contention, LockId, Sql, audited, is_unique_violation, sql};
+use super::{
+    Acquired, Contention, Inspected, LockId, LockSql, Renewal, RowLockMode, RowState, Sql, TxSql,
+    audited, batch_json, is_unique_violation, sql,
+};
 
 /// MySQL's statements for one table.
 #[doc(hidden)]
@@ -21,6 +23,8 @@ pub struct Statements {
     read_owner: Sql,
     release: Sql,
     extend: Sql,
+    renew: Sql,
+    read_batch: Sql,
     inspect: Sql,
     reap: Sql,
 }
@@ -52,8 +56,27 @@ UPDATE {table}
                         acquired_at, acquired_at)
  WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
 
+// The batch arrives as one JSON array (no bind-parameter limit, one statement text for
+// any batch size); JSON_TABLE drives the join, each row found through the primary key.
+const BATCH: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
+        k VARBINARY(128) PATH '$.k', o VARCHAR(64) PATH '$.o',
+        tok BIGINT PATH '$.t', micros BIGINT PATH '$.m')) AS w";
+
+// UPDATE has no RETURNING here: the renewal is followed by a read of the batch's rows on
+// the same connection, in which a row that is still the batch's owner's and unexpired is
+// one this UPDATE renewed (nothing else can make an expired row live for that owner).
+const RENEW: &str = "\
+UPDATE {batch} JOIN {table} AS t ON t.lock_key = w.k
+   SET t.expire_time = NOW(6) + INTERVAL w.micros MICROSECOND
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)";
+
+const READ_BATCH: &str = "\
+SELECT t.lock_key, t.lock_value, t.fencing_token, t.expire_time,
+       CAST(t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6) AS SIGNED)
+  FROM {batch} JOIN {table} AS t ON t.lock_key = w.k";
+
 const INSPECT: &str = "\
-SELECT lock_value, fencing_token, CAST(expire_time <= NOW(6) AS SIGNED)
+SELECT lock_value, fencing_token, expire_time, CAST(expire_time <= NOW(6) AS SIGNED)
   FROM {table} WHERE lock_key = ?";
 
 const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expire_time LIMIT ?";
@@ -75,36 +98,16 @@ fn error_number(err: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// How many times an owner-checked write is repeated after InnoDB rolled it back as a
-/// deadlock victim (see [`retry_deadlocks`]).
-const DEADLOCK_RETRIES: u32 = 10;
+/// A row of the batch read-back: key bytes, owner, token, expiry, renewed (0 or 1).
+type BatchRow = (Vec<u8>, String, i64, DateTime<Utc>, i64);
 
-/// Runs an owner-checked write (release, extend) again when InnoDB picked it as a deadlock
-/// victim. A competing acquire's upsert takes a shared lock on the row for its duplicate
-/// check and then asks for an exclusive one; our write queued for its exclusive lock in
-/// between, so the two wait on each other and InnoDB rolls back the smaller transaction:
-/// ours. The rolled-back statement changed nothing, so repeating it is safe.
-async fn retry_deadlocks<T, F>(mut run: impl FnMut() -> F) -> Result<T, sqlx::Error>
-where
-    F: Future<Output = Result<T, sqlx::Error>>,
-{
-    let mut retries = 0;
-    loop {
-        match run().await {
-            Err(err)
-                if retries < DEADLOCK_RETRIES && error_number(&err) == Some(ER_LOCK_DEADLOCK) =>
-            {
-                retries += 1;
-                tracing::trace!(error = %err, retries, "owner-checked write was a deadlock victim");
-            }
-            outcome => return outcome,
-        }
-    }
+fn batch_sql(template: &str, table: &str) -> Sql {
+    sql(&template.replace("{batch}", BATCH), table)
 }
 
 impl super::sealed::Sealed for MySql {}
 
-impl Backend for MySql {
+impl LockSql for MySql {
     type Statements = Statements;
     const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
         "V1__distributed_lock.sql",
@@ -117,46 +120,29 @@ impl Backend for MySql {
             read_owner: sql(READ_OWNER, table),
             release: sql(RELEASE, table),
             extend: sql(EXTEND, table),
+            renew: batch_sql(RENEW, table),
+            read_batch: batch_sql(READ_BATCH, table),
             inspect: sql(INSPECT, table),
             reap: sql(REAP, table),
         }
     }
 
-    async fn try_acquire(
-        pool: &Pool<Self>,
+    async fn acquire(
+        conn: &mut MySqlConnection,
         sql: &Statements,
         key: &str,
         owner: &str,
         lease_micros: i64,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        // Both statements on one connection: one pool checkout per attempt.
-        let mut conn = pool.acquire().await?;
-        let mut retries = 0;
-        loop {
-            let upsert = sqlx::query(audited(&sql.acquire))
-                .bind(key)
-                .bind(owner)
-                .bind(lease_micros)
-                .execute(&mut *conn)
-                .await;
-            match upsert {
-                // A deadlock is a lost race with the holder's renewal or release, not an
-                // answer: the upsert was rolled back, so asking again is safe.
-                Err(err)
-                    if retries < DEADLOCK_RETRIES
-                        && error_number(&err) == Some(ER_LOCK_DEADLOCK) =>
-                {
-                    retries += 1;
-                }
-                outcome => {
-                    outcome?;
-                    break;
-                }
-            }
-        }
+        sqlx::query(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_micros)
+            .execute(&mut *conn)
+            .await?;
         let row: Option<(String, i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.read_owner))
             .bind(key)
-            .fetch_optional(&mut *conn)
+            .fetch_optional(conn)
             .await?;
         Ok(match row {
             Some((holder, fencing_token, expires_at)) if holder == owner => Some(Acquired {
@@ -168,36 +154,32 @@ impl Backend for MySql {
     }
 
     async fn release(
-        pool: &Pool<Self>,
+        conn: &mut MySqlConnection,
         sql: &Statements,
         lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let done = retry_deadlocks(|| {
-            sqlx::query(audited(&sql.release))
-                .bind(lock.key)
-                .bind(lock.owner)
-                .bind(lock.fencing_token)
-                .execute(pool)
-        })
-        .await?;
+        let done = sqlx::query(audited(&sql.release))
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .execute(conn)
+            .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn extend(
-        pool: &Pool<Self>,
+        conn: &mut MySqlConnection,
         sql: &Statements,
         lock: LockId<'_>,
         lease_micros: i64,
     ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        let done = retry_deadlocks(|| {
-            sqlx::query(audited(&sql.extend))
-                .bind(lease_micros)
-                .bind(lock.key)
-                .bind(lock.owner)
-                .bind(lock.fencing_token)
-                .execute(pool)
-        })
-        .await?;
+        let done = sqlx::query(audited(&sql.extend))
+            .bind(lease_micros)
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .execute(conn)
+            .await?;
         if done.rows_affected() != 1 {
             return Ok(None);
         }
@@ -205,33 +187,70 @@ impl Backend for MySql {
         Ok(DateTime::from_timestamp_micros(micros))
     }
 
+    async fn renew(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        batch: &[Renewal<'_>],
+    ) -> Result<Vec<RowState>, sqlx::Error> {
+        let json = batch_json(batch, serde_json::Value::from);
+        sqlx::query(audited(&sql.renew))
+            .bind(&json)
+            .execute(&mut *conn)
+            .await?;
+        let rows: Vec<BatchRow> = sqlx::query_as(audited(&sql.read_batch))
+            .bind(&json)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(key, owner, fencing_token, expires_at, renewed)| RowState {
+                    // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
+                    key: String::from_utf8_lossy(&key).into_owned(),
+                    owner,
+                    fencing_token,
+                    expires_at,
+                    renewed: renewed != 0,
+                },
+            )
+            .collect())
+    }
+
     async fn inspect(
-        pool: &Pool<Self>,
+        conn: &mut MySqlConnection,
         sql: &Statements,
         key: &str,
-    ) -> Result<Option<(String, i64, bool)>, sqlx::Error> {
-        let row: Option<(String, i64, i64)> = sqlx::query_as(audited(&sql.inspect))
+    ) -> Result<Option<Inspected>, sqlx::Error> {
+        let row: Option<(String, i64, DateTime<Utc>, i64)> = sqlx::query_as(audited(&sql.inspect))
             .bind(key)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?;
-        Ok(row.map(|(owner, token, expired)| (owner, token, expired != 0)))
+        Ok(
+            row.map(|(owner, fencing_token, expires_at, expired)| Inspected {
+                owner,
+                fencing_token,
+                expires_at,
+                expired: expired != 0,
+            }),
+        )
     }
 
     fn contention(err: &sqlx::Error) -> Contention {
+        // A competing acquire's upsert takes a shared lock on the row for its duplicate
+        // check and then asks for an exclusive one; a release or renewal queued in between
+        // makes InnoDB roll back one of them: the statement changed nothing.
         match error_number(err) {
-            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_DEADLOCK | ER_LOCK_NOWAIT) => Contention::LostRace,
+            Some(ER_LOCK_DEADLOCK) => Contention::Deadlock,
+            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT) => Contention::LostRace,
             _ if is_unique_violation(err) => Contention::LostRace,
             _ => Contention::Failure,
         }
     }
 
-    async fn lock_migrations(
-        conn: &mut PoolConnection<Self>,
-        table: &str,
-    ) -> Result<(), sqlx::Error> {
+    async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
         let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
             .bind(table)
-            .fetch_one(&mut **conn)
+            .fetch_one(conn)
             .await?;
         if got != Some(1) {
             return Err(sqlx::Error::Protocol(format!(
@@ -242,25 +261,27 @@ impl Backend for MySql {
     }
 
     async fn unlock_migrations(
-        conn: &mut PoolConnection<Self>,
+        conn: &mut MySqlConnection,
         table: &str,
         _commit: bool,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(MIGRATION_UNLOCK)
             .bind(table)
-            .execute(&mut **conn)
+            .execute(conn)
             .await?;
         Ok(())
     }
 
     scripts_and_history!();
+}
 
+impl TxSql for MySql {
     fn bind_mark(_index: usize) -> String {
         "?".to_owned()
     }
 
-    fn row_lock_sql(select: &str, mode: crate::RowLockMode) -> String {
-        let crate::RowLockMode::Timeout(timeout) = mode else {
+    fn row_lock_sql(select: &str, mode: RowLockMode) -> String {
+        let RowLockMode::Timeout(timeout) = mode else {
             return format!("{select}{}", super::for_update(mode));
         };
         // Per statement, so no session setting outlives the call: MySQL 8 reads the

@@ -5,9 +5,8 @@
 
 use sqlx::{Database, Decode, Encode, Type};
 
-use super::{Backend, Sql};
+use super::{RowLockMode, Sql, TxSql};
 use crate::ident::Ident;
-use crate::row_lock::RowLockMode;
 
 /// A Rust value that can be bound to, and read back from, a statement on `DB`: the type of
 /// a row key for [`RowLocker`](crate::RowLocker), and of the key and value columns for
@@ -26,7 +25,7 @@ impl<DB: Database, T> SqlValue<DB> for T where
 
 /// `SELECT key FROM table WHERE key IN (..) ORDER BY key`: the rows to lock, in key order
 /// so that two callers locking overlapping sets take their locks in the same order.
-pub(crate) fn select_keys<DB: Backend>(table: &Ident, key: &Ident, count: usize) -> String {
+pub(crate) fn select_keys<DB: TxSql>(table: &Ident, key: &Ident, count: usize) -> String {
     let marks: Vec<String> = (1..=count).map(DB::bind_mark).collect();
     format!(
         "SELECT {key} FROM {table} WHERE {key} IN ({}) ORDER BY {key}",
@@ -46,7 +45,7 @@ pub(crate) fn for_update(mode: RowLockMode) -> &'static str {
 }
 
 /// Reads `(value, version)` of one row.
-pub(crate) fn read_versioned<DB: Backend>(
+pub(crate) fn read_versioned<DB: TxSql>(
     table: &Ident,
     key: &Ident,
     value: &Ident,
@@ -60,7 +59,7 @@ pub(crate) fn read_versioned<DB: Backend>(
 }
 
 /// Writes a new value if the version is still the one read; binds: value, key, version.
-pub(crate) fn write_versioned<DB: Backend>(
+pub(crate) fn write_versioned<DB: TxSql>(
     table: &Ident,
     key: &Ident,
     value: &Ident,
@@ -76,7 +75,7 @@ pub(crate) fn write_versioned<DB: Backend>(
     .into()
 }
 
-/// The [`Backend`] operations whose code is the same for every database, spelled out
+/// The [`TxSql`] operations whose code is the same for every database, spelled out
 /// inside each dialect's `impl` (sqlx's executor bounds do not lend themselves to
 /// generics).
 macro_rules! portable_ops {
@@ -94,18 +93,18 @@ macro_rules! portable_ops {
         }
 
         async fn read_versioned<K: $crate::SqlValue<Self>, V: $crate::SqlValue<Self>>(
-            pool: &sqlx::Pool<Self>,
+            conn: &mut Self::Connection,
             sql: &super::Sql,
             key: &K,
         ) -> Result<Option<(V, i64)>, sqlx::Error> {
             sqlx::query_as(super::audited(sql))
                 .bind(key)
-                .fetch_optional(pool)
+                .fetch_optional(conn)
                 .await
         }
 
         async fn write_versioned<K: $crate::SqlValue<Self>, V: $crate::SqlValue<Self>>(
-            pool: &sqlx::Pool<Self>,
+            conn: &mut Self::Connection,
             sql: &super::Sql,
             value: &V,
             key: &K,
@@ -115,9 +114,24 @@ macro_rules! portable_ops {
                 .bind(value)
                 .bind(key)
                 .bind(version)
-                .execute(pool)
+                .execute(conn)
                 .await?;
             Ok(done.rows_affected() == 1)
+        }
+
+        async fn check_fence(
+            conn: &mut Self::Connection,
+            table: &str,
+            lock: super::LockId<'_>,
+        ) -> Result<bool, sqlx::Error> {
+            let found: Option<i64> =
+                sqlx::query_scalar(super::audited(&super::sql(CHECK_FENCE, table)))
+                    .bind(lock.key)
+                    .bind(lock.owner)
+                    .bind(lock.fencing_token)
+                    .fetch_optional(conn)
+                    .await?;
+            Ok(found.is_some())
         }
     };
 }
@@ -147,8 +161,12 @@ mod tests {
     #[test]
     fn mysql_timeouts_round_up_to_whole_seconds() {
         let select = "SELECT id FROM product WHERE id IN (?) ORDER BY id";
-        let sql =
-            |ms| sqlx::MySql::row_lock_sql(select, RowLockMode::Timeout(Duration::from_millis(ms)));
+        let sql = |ms| {
+            <sqlx::MySql as TxSql>::row_lock_sql(
+                select,
+                RowLockMode::Timeout(Duration::from_millis(ms)),
+            )
+        };
         assert_eq!(
             sql(200),
             "SELECT /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ id FROM product \
@@ -156,7 +174,8 @@ mod tests {
         );
         assert!(sql(1001).ends_with("FOR UPDATE /*M! WAIT 2 */"));
         assert!(
-            sqlx::MySql::row_lock_sql(select, RowLockMode::NoWait).ends_with("FOR UPDATE NOWAIT")
+            <sqlx::MySql as TxSql>::row_lock_sql(select, RowLockMode::NoWait)
+                .ends_with("FOR UPDATE NOWAIT")
         );
     }
 

@@ -7,10 +7,12 @@
 //! and a slow inserter could win with an older number).
 
 use chrono::{DateTime, Utc};
-use sqlx::pool::PoolConnection;
-use sqlx::{Pool, Postgres};
+use sqlx::{PgConnection, Postgres};
 
-use super::{Acquired, Backend, Contention, LockId, Sql, audited, db_code, sql};
+use super::{
+    Acquired, Contention, Inspected, LockId, LockSql, Renewal, RowLockMode, RowState, Sql,
+    SqlValue, TxSql, audited, db_code, sql,
+};
 
 /// PostgreSQL's statements for one table.
 #[doc(hidden)]
@@ -18,6 +20,7 @@ pub struct Statements {
     acquire: Sql,
     release: Sql,
     extend: Sql,
+    renew: Sql,
     inspect: Sql,
     reap: Sql,
 }
@@ -47,8 +50,29 @@ UPDATE {table} SET expire_time = clock_timestamp() + $3::bigint * INTERVAL '1 mi
    AND expire_time > clock_timestamp()
 RETURNING expire_time";
 
+// One statement for the whole batch: the UPDATE renews the rows that are still ours, and
+// the outer SELECT reports every row of the batch's keys, as it was before the statement
+// (same snapshot), joined with what the UPDATE renewed. Keys without a row are left out.
+const RENEW: &str = "\
+WITH wanted AS MATERIALIZED (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+        AS w(k, o, tok, micros)
+), renewed AS (
+    UPDATE {table} AS t
+       SET expire_time = clock_timestamp() + w.micros * INTERVAL '1 microsecond'
+      FROM wanted AS w
+     WHERE t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
+       AND t.expire_time > clock_timestamp()
+    RETURNING t.lock_key, t.expire_time
+)
+SELECT t.lock_key::text, t.lock_value::text, t.fencing_token,
+       COALESCE(r.expire_time, t.expire_time), r.lock_key IS NOT NULL
+  FROM {table} AS t
+  LEFT JOIN renewed AS r ON r.lock_key = t.lock_key
+ WHERE t.lock_key IN (SELECT k FROM wanted)";
+
 const INSPECT: &str = "\
-SELECT lock_value, fencing_token, expire_time <= clock_timestamp()
+SELECT lock_value, fencing_token, expire_time, expire_time <= clock_timestamp()
   FROM {table} WHERE lock_key = $1";
 
 // The outer condition repeats the expiry test: a row renewed after the inner scan is kept.
@@ -65,7 +89,7 @@ const MIGRATION_UNLOCK: &str =
 
 impl super::sealed::Sealed for Postgres {}
 
-impl Backend for Postgres {
+impl LockSql for Postgres {
     type Statements = Statements;
     const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
         "V1__distributed_lock.sql",
@@ -77,13 +101,14 @@ impl Backend for Postgres {
             acquire: sql(ACQUIRE, table),
             release: sql(RELEASE, table),
             extend: sql(EXTEND, table),
+            renew: sql(RENEW, table),
             inspect: sql(INSPECT, table),
             reap: sql(REAP, table),
         }
     }
 
-    async fn try_acquire(
-        pool: &Pool<Self>,
+    async fn acquire(
+        conn: &mut PgConnection,
         sql: &Statements,
         key: &str,
         owner: &str,
@@ -93,7 +118,7 @@ impl Backend for Postgres {
             .bind(key)
             .bind(owner)
             .bind(lease_micros)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?;
         Ok(row.map(|(fencing_token, expires_at)| Acquired {
             fencing_token,
@@ -102,7 +127,7 @@ impl Backend for Postgres {
     }
 
     async fn release(
-        pool: &Pool<Self>,
+        conn: &mut PgConnection,
         sql: &Statements,
         lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
@@ -110,13 +135,13 @@ impl Backend for Postgres {
             .bind(lock.key)
             .bind(lock.owner)
             .bind(lock.fencing_token)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn extend(
-        pool: &Pool<Self>,
+        conn: &mut PgConnection,
         sql: &Statements,
         lock: LockId<'_>,
         lease_micros: i64,
@@ -126,69 +151,108 @@ impl Backend for Postgres {
             .bind(lock.owner)
             .bind(lease_micros)
             .bind(lock.fencing_token)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await
+    }
+
+    async fn renew(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        batch: &[Renewal<'_>],
+    ) -> Result<Vec<RowState>, sqlx::Error> {
+        let keys: Vec<&str> = batch.iter().map(|r| r.id.key).collect();
+        let owners: Vec<&str> = batch.iter().map(|r| r.id.owner).collect();
+        let tokens: Vec<i64> = batch.iter().map(|r| r.id.fencing_token).collect();
+        let micros: Vec<i64> = batch.iter().map(|r| r.lease_micros).collect();
+        let rows: Vec<(String, String, i64, DateTime<Utc>, bool)> =
+            sqlx::query_as(audited(&sql.renew))
+                .bind(keys)
+                .bind(owners)
+                .bind(tokens)
+                .bind(micros)
+                .fetch_all(conn)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(key, owner, fencing_token, expires_at, renewed)| RowState {
+                    key,
+                    owner,
+                    fencing_token,
+                    expires_at,
+                    renewed,
+                },
+            )
+            .collect())
     }
 
     async fn inspect(
-        pool: &Pool<Self>,
+        conn: &mut PgConnection,
         sql: &Statements,
         key: &str,
-    ) -> Result<Option<(String, i64, bool)>, sqlx::Error> {
-        sqlx::query_as(audited(&sql.inspect))
+    ) -> Result<Option<Inspected>, sqlx::Error> {
+        let row: Option<(String, i64, DateTime<Utc>, bool)> = sqlx::query_as(audited(&sql.inspect))
             .bind(key)
-            .fetch_optional(pool)
-            .await
+            .fetch_optional(conn)
+            .await?;
+        Ok(
+            row.map(|(owner, fencing_token, expires_at, expired)| Inspected {
+                owner,
+                fencing_token,
+                expires_at,
+                expired,
+            }),
+        )
     }
 
     fn contention(err: &sqlx::Error) -> Contention {
-        // unique violation, serialization failure, deadlock, lock not available
         match db_code(err).as_deref() {
-            Some("23505" | "40001" | "40P01" | "55P03") => Contention::LostRace,
+            Some("40P01") => Contention::Deadlock,
+            // unique violation, serialization failure, lock not available
+            Some("23505" | "40001" | "55P03") => Contention::LostRace,
             _ => Contention::Failure,
         }
     }
 
-    async fn lock_migrations(
-        conn: &mut PoolConnection<Self>,
-        table: &str,
-    ) -> Result<(), sqlx::Error> {
+    async fn lock_migrations(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
         sqlx::query(MIGRATION_LOCK)
             .bind(table)
-            .execute(&mut **conn)
+            .execute(conn)
             .await?;
         Ok(())
     }
 
     async fn unlock_migrations(
-        conn: &mut PoolConnection<Self>,
+        conn: &mut PgConnection,
         table: &str,
         _commit: bool,
     ) -> Result<(), sqlx::Error> {
         sqlx::query(MIGRATION_UNLOCK)
             .bind(table)
-            .execute(&mut **conn)
+            .execute(conn)
             .await?;
         Ok(())
     }
 
     scripts_and_history!();
+}
 
+impl TxSql for Postgres {
     fn bind_mark(index: usize) -> String {
         format!("${index}")
     }
 
-    fn row_lock_sql(select: &str, mode: crate::RowLockMode) -> String {
+    fn row_lock_sql(select: &str, mode: RowLockMode) -> String {
         format!("{select}{}", super::for_update(mode))
     }
 
-    async fn lock_rows<K: crate::SqlValue<Self>>(
-        conn: &mut sqlx::PgConnection,
+    async fn lock_rows<K: SqlValue<Self>>(
+        conn: &mut PgConnection,
         sql: &str,
         keys: &[K],
-        mode: crate::RowLockMode,
+        mode: RowLockMode,
     ) -> Result<Vec<K>, sqlx::Error> {
-        let crate::RowLockMode::Timeout(timeout) = mode else {
+        let RowLockMode::Timeout(timeout) = mode else {
             return Self::fetch_keys(conn, sql, keys).await;
         };
         // Transaction-local, and put back right after: the timeout is for taking these

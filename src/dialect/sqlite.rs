@@ -9,11 +9,11 @@
 //! milliseconds.
 
 use chrono::{DateTime, Utc};
-use sqlx::pool::PoolConnection;
-use sqlx::{Pool, Sqlite};
+use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
-    Acquired, Backend, Contention, LockId, Sql, audited, db_code, is_unique_violation, sql,
+    Acquired, Contention, Inspected, LockId, LockSql, Renewal, RowLockMode, RowState, Sql, TxSql,
+    audited, batch_json, db_code, is_unique_violation, sql,
 };
 
 /// SQLite's statements for one table.
@@ -23,6 +23,8 @@ pub struct Statements {
     acquire: Sql,
     release: Sql,
     extend: Sql,
+    renew: Sql,
+    read_keys: Sql,
     inspect: Sql,
     reap: Sql,
 }
@@ -52,8 +54,24 @@ UPDATE {table} SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)
  WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?4 AND expire_time > {now}
 RETURNING expire_time";
 
-const INSPECT: &str =
-    "SELECT lock_value, fencing_token, expire_time <= {now} FROM {table} WHERE lock_key = ?1";
+// The batch is one JSON array; RETURNING may name only the updated table, so renewed
+// rows are matched back by key, owner and token.
+const RENEW: &str = "\
+UPDATE {table}
+   SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', w.value ->> '$.m')
+  FROM json_each(?1) AS w
+ WHERE {table}.lock_key = w.value ->> '$.k' AND {table}.lock_value = w.value ->> '$.o'
+   AND {table}.fencing_token = w.value ->> '$.t' AND {table}.expire_time > {now}
+RETURNING lock_key, lock_value, fencing_token, expire_time";
+
+// The rows of keys a renewal did not renew, to say why.
+const READ_KEYS: &str = "\
+SELECT lock_key, lock_value, fencing_token, expire_time FROM {table}
+ WHERE lock_key IN (SELECT value FROM json_each(?1))";
+
+const INSPECT: &str = "\
+SELECT lock_value, fencing_token, expire_time, expire_time <= {now}
+  FROM {table} WHERE lock_key = ?1";
 
 const REAP: &str = "\
 DELETE FROM {table} WHERE rowid IN (
@@ -74,7 +92,7 @@ fn modifier(lease_micros: i64) -> String {
 
 impl super::sealed::Sealed for Sqlite {}
 
-impl Backend for Sqlite {
+impl LockSql for Sqlite {
     type Statements = Statements;
     const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
         "V1__distributed_lock.sql",
@@ -87,13 +105,15 @@ impl Backend for Sqlite {
             acquire: sqlite_sql(ACQUIRE, table),
             release: sqlite_sql(RELEASE, table),
             extend: sqlite_sql(EXTEND, table),
+            renew: sqlite_sql(RENEW, table),
+            read_keys: sqlite_sql(READ_KEYS, table),
             inspect: sqlite_sql(INSPECT, table),
             reap: sqlite_sql(REAP, table),
         }
     }
 
-    async fn try_acquire(
-        pool: &Pool<Self>,
+    async fn acquire(
+        conn: &mut SqliteConnection,
         sql: &Statements,
         key: &str,
         owner: &str,
@@ -104,7 +124,7 @@ impl Backend for Sqlite {
         // pool then starved the holder's own renewal and release (its lease was lost).
         let held: Option<i64> = sqlx::query_scalar(audited(&sql.held))
             .bind(key)
-            .fetch_optional(pool)
+            .fetch_optional(&mut *conn)
             .await?;
         if held.is_some() {
             return Ok(None);
@@ -115,7 +135,7 @@ impl Backend for Sqlite {
             .bind(key)
             .bind(owner)
             .bind(modifier(lease_micros))
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await?;
         Ok(row.map(|(fencing_token, expires_at)| Acquired {
             fencing_token,
@@ -124,7 +144,7 @@ impl Backend for Sqlite {
     }
 
     async fn release(
-        pool: &Pool<Self>,
+        conn: &mut SqliteConnection,
         sql: &Statements,
         lock: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
@@ -132,13 +152,13 @@ impl Backend for Sqlite {
             .bind(lock.key)
             .bind(lock.owner)
             .bind(lock.fencing_token)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn extend(
-        pool: &Pool<Self>,
+        conn: &mut SqliteConnection,
         sql: &Statements,
         lock: LockId<'_>,
         lease_micros: i64,
@@ -148,19 +168,75 @@ impl Backend for Sqlite {
             .bind(lock.owner)
             .bind(modifier(lease_micros))
             .bind(lock.fencing_token)
-            .fetch_optional(pool)
+            .fetch_optional(conn)
             .await
     }
 
+    async fn renew(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        batch: &[Renewal<'_>],
+    ) -> Result<Vec<RowState>, sqlx::Error> {
+        let renewed: Vec<(String, String, i64, DateTime<Utc>)> =
+            sqlx::query_as(audited(&sql.renew))
+                .bind(batch_json(batch, |micros| modifier(micros).into()))
+                .fetch_all(&mut *conn)
+                .await?;
+        let mut rows: Vec<RowState> = renewed
+            .into_iter()
+            .map(|(key, owner, fencing_token, expires_at)| RowState {
+                key,
+                owner,
+                fencing_token,
+                expires_at,
+                renewed: true,
+            })
+            .collect();
+        let missing: Vec<&str> = batch
+            .iter()
+            .map(|r| r.id.key)
+            .filter(|key| !rows.iter().any(|row| row.key == *key))
+            .collect();
+        if missing.is_empty() {
+            return Ok(rows);
+        }
+        let keys = serde_json::to_string(&missing).map_err(|e| sqlx::Error::Encode(e.into()))?;
+        let others: Vec<(String, String, i64, DateTime<Utc>)> =
+            sqlx::query_as(audited(&sql.read_keys))
+                .bind(keys)
+                .fetch_all(conn)
+                .await?;
+        rows.extend(
+            others
+                .into_iter()
+                .map(|(key, owner, fencing_token, expires_at)| RowState {
+                    key,
+                    owner,
+                    fencing_token,
+                    expires_at,
+                    renewed: false,
+                }),
+        );
+        Ok(rows)
+    }
+
     async fn inspect(
-        pool: &Pool<Self>,
+        conn: &mut SqliteConnection,
         sql: &Statements,
         key: &str,
-    ) -> Result<Option<(String, i64, bool)>, sqlx::Error> {
-        sqlx::query_as(audited(&sql.inspect))
+    ) -> Result<Option<Inspected>, sqlx::Error> {
+        let row: Option<(String, i64, DateTime<Utc>, bool)> = sqlx::query_as(audited(&sql.inspect))
             .bind(key)
-            .fetch_optional(pool)
-            .await
+            .fetch_optional(conn)
+            .await?;
+        Ok(
+            row.map(|(owner, fencing_token, expires_at, expired)| Inspected {
+                owner,
+                fencing_token,
+                expires_at,
+                expired,
+            }),
+        )
     }
 
     fn contention(err: &sqlx::Error) -> Contention {
@@ -175,60 +251,62 @@ impl Backend for Sqlite {
         }
     }
 
-    async fn lock_migrations(
-        conn: &mut PoolConnection<Self>,
-        _table: &str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut **conn).await?;
+    async fn lock_migrations(conn: &mut SqliteConnection, _table: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("BEGIN IMMEDIATE").execute(conn).await?;
         Ok(())
     }
 
     async fn unlock_migrations(
-        conn: &mut PoolConnection<Self>,
+        conn: &mut SqliteConnection,
         _table: &str,
         commit: bool,
     ) -> Result<(), sqlx::Error> {
         let end = if commit { "COMMIT" } else { "ROLLBACK" };
-        sqlx::query(end).execute(&mut **conn).await?;
+        sqlx::query(end).execute(conn).await?;
         Ok(())
     }
 
     scripts_and_history!();
+}
 
+impl TxSql for Sqlite {
     fn bind_mark(index: usize) -> String {
         format!("?{index}")
     }
 
-    fn row_lock_sql(select: &str, _mode: crate::RowLockMode) -> String {
+    fn row_lock_sql(select: &str, _mode: RowLockMode) -> String {
         // No row locks: begin_row_lock's BEGIN IMMEDIATE already holds the write lock.
         select.to_owned()
     }
 
     async fn begin_row_lock(
-        conn: &mut PoolConnection<Self>,
-        mode: crate::RowLockMode,
+        conn: &mut SqliteConnection,
+        mode: RowLockMode,
     ) -> Result<sqlx::Transaction<'_, Self>, sqlx::Error> {
         let busy_millis = match mode {
-            crate::RowLockMode::Wait => None,
-            crate::RowLockMode::NoWait | crate::RowLockMode::SkipLocked => Some(0),
-            crate::RowLockMode::Timeout(timeout) => Some(timeout.as_millis().max(1)),
+            RowLockMode::Wait => None,
+            RowLockMode::NoWait | RowLockMode::SkipLocked => Some(0),
+            RowLockMode::Timeout(timeout) => Some(timeout.as_millis().max(1)),
         };
         if let Some(millis) = busy_millis {
-            // The busy timeout belongs to the connection: rather than hand it back to the
-            // pool changed (or restore it and risk being dropped half-way), close it.
-            conn.close_on_drop();
+            // The busy timeout belongs to the connection: row_lock_changes_connection
+            // has the caller close it afterwards instead of handing it back changed.
             sqlx::query(sqlx::AssertSqlSafe(format!(
                 "PRAGMA busy_timeout = {millis}"
             )))
-            .execute(&mut **conn)
+            .execute(&mut *conn)
             .await?;
         }
-        sqlx::Connection::begin_with(&mut **conn, "BEGIN IMMEDIATE").await
+        sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await
+    }
+
+    fn row_lock_changes_connection(mode: RowLockMode) -> bool {
+        mode != RowLockMode::Wait
     }
 
     fn is_row_locked(err: &sqlx::Error) -> bool {
         // SQLITE_BUSY / SQLITE_LOCKED: contention() minus its duplicate-key case
-        Self::contention(err) == Contention::LostRace && !is_unique_violation(err)
+        <Self as LockSql>::contention(err) == Contention::LostRace && !is_unique_violation(err)
     }
 
     super::portable_ops!();

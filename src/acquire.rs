@@ -1,0 +1,215 @@
+//! Acquisition: one attempt, and the waiting loop around it. The attempt's statement runs
+//! on the caller's task; only when the caller goes away mid-statement is the statement
+//! handed to the engine to finish, so that a lock the database granted to nobody is
+//! released at once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
+
+use crate::dialect::{Acquired, Backend, Contention, LockId};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::lease::{Lease, Won};
+use crate::retry::{Retry, retry};
+use crate::stats::Counters;
+use crate::table::LockTable;
+
+/// What one attempt is asked to do.
+pub(crate) struct Request<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) lease: Duration,
+    /// Renew every this often; `None`: no renewal.
+    pub(crate) renew: Option<Duration>,
+}
+
+/// A reentrant owner's gate, shut while its owner value is in use by an attempt. An
+/// attempt that fails or is abandoned takes it into its clean-up, so that the owner's
+/// next attempt waits until no clean-up can delete it; otherwise the caller keeps it.
+pub(crate) type Gate = Option<OwnedMutexGuard<()>>;
+
+type Statement = Pin<Box<dyn Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send>>;
+
+/// The acquisition statement in flight. Dropped before it finished (the caller's future
+/// was dropped), it hands the statement to the engine, which lets it finish and removes
+/// a row it may have won.
+struct InFlight<'e, DB: Backend> {
+    engine: &'e Engine<DB>,
+    statement: Option<Statement>,
+    key: String,
+    owner: String,
+    until: Instant,
+    gate: &'e mut Gate,
+}
+
+impl<DB: Backend> InFlight<'_, DB> {
+    async fn finish(&mut self) -> Result<Option<Acquired>, sqlx::Error> {
+        let Some(statement) = self.statement.as_mut() else {
+            return Err(sqlx::Error::WorkerCrashed);
+        };
+        let outcome = statement.as_mut().await;
+        self.statement = None;
+        outcome
+    }
+}
+
+impl<DB: Backend> Drop for InFlight<'_, DB> {
+    fn drop(&mut self) {
+        let Some(statement) = self.statement.take() else {
+            return;
+        };
+        let table = Arc::clone(self.engine.table());
+        let policy = *self.engine.retry_policy();
+        let (key, owner, until, gate) = (
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.owner),
+            self.until,
+            self.gate.take(),
+        );
+        self.engine.spawn_job(async move {
+            let outcome = statement.await;
+            let (table, key, owner, outcome) = (&*table, key.as_str(), owner.as_str(), &outcome);
+            let clean = retry(&policy, until, |_| async move {
+                let done = match outcome {
+                    Ok(Some(won)) => {
+                        let id = LockId {
+                            key,
+                            owner,
+                            fencing_token: won.fencing_token,
+                        };
+                        table.release(id).await.map(drop)
+                    }
+                    Ok(None) => Ok(()),
+                    Err(_) => table.release_if_owned(key, owner).await,
+                };
+                done.map_err(Retry::Again)
+            })
+            .await;
+            if let Err(err) = clean {
+                tracing::warn!(key, owner, error = %err, "could not remove the row of an abandoned acquisition; it will expire");
+            }
+            drop(gate);
+        });
+    }
+}
+
+impl<DB: Backend> Engine<DB> {
+    /// One acquisition attempt with validated input. `Ok(None)` when the key is held or
+    /// the race was lost.
+    pub(crate) async fn attempt(
+        &self,
+        request: Request<'_>,
+        gate: &mut Gate,
+    ) -> Result<Option<Arc<Lease>>> {
+        Counters::bump(&self.counters().attempts);
+        let sent_at = Instant::now();
+        let until = sent_at + request.lease;
+        let statement: Statement = {
+            let table = Arc::clone(self.table());
+            let (key, owner, lease) = (
+                request.key.to_owned(),
+                request.owner.to_owned(),
+                request.lease,
+            );
+            Box::pin(async move { table.acquire(&key, &owner, lease).await })
+        };
+        let mut in_flight = InFlight {
+            engine: self,
+            statement: Some(statement),
+            key: request.key.to_owned(),
+            owner: request.owner.to_owned(),
+            until,
+            gate,
+        };
+        let outcome = in_flight.finish().await;
+        match outcome {
+            Ok(Some(won)) => {
+                Counters::bump(&self.counters().acquired);
+                tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
+                Ok(Some(self.start_lease(Won {
+                    key: std::mem::take(&mut in_flight.key),
+                    owner: std::mem::take(&mut in_flight.owner),
+                    fencing_token: won.fencing_token,
+                    expires_at: won.expires_at,
+                    length: request.lease,
+                    interval: request.renew,
+                    sent_at,
+                })))
+            }
+            Ok(None) => Ok(None),
+            Err(err) if LockTable::<DB>::contention(&err) != Contention::Failure => {
+                tracing::trace!(key = request.key, error = %err, "lost an acquisition race");
+                Ok(None)
+            }
+            Err(err) => {
+                // The reply was lost, not necessarily the statement, and the connection
+                // that lost it is likely down for a while. Answer now; the engine keeps
+                // trying to remove a row this owner may have committed until its lease
+                // would have ended anyway. A reentrant owner's gate stays shut until then,
+                // so that no clean-up can delete its next acquisition.
+                let table = Arc::clone(self.table());
+                let policy = *self.retry_policy();
+                let (key, owner) = (request.key.to_owned(), request.owner.to_owned());
+                let gate = in_flight.gate.take();
+                self.spawn_job(async move {
+                    let (table, key_ref, owner_ref) = (&*table, key.as_str(), owner.as_str());
+                    let clean = retry(&policy, until, |_| async move {
+                        table
+                            .release_if_owned(key_ref, owner_ref)
+                            .await
+                            .map_err(Retry::Again)
+                    })
+                    .await;
+                    if clean.is_err() {
+                        tracing::warn!(
+                            key,
+                            owner,
+                            "could not check for a row left by a failed acquisition; it will expire"
+                        );
+                    }
+                    drop(gate);
+                });
+                Err(Error::from(err))
+            }
+        }
+    }
+
+    /// Calls `attempt` until it wins or `wait` has passed, sleeping the retry policy's
+    /// delays between attempts (holding no connection); a database error ends the wait
+    /// at once: an outage is not contention.
+    pub(crate) async fn wait_for<F>(
+        &self,
+        key: &str,
+        wait: Duration,
+        mut attempt: impl FnMut() -> F,
+    ) -> Result<Arc<Lease>>
+    where
+        F: Future<Output = Result<Option<Arc<Lease>>>>,
+    {
+        let started = Instant::now();
+        let won = retry(self.retry_policy(), started + wait, |tries| {
+            let attempt = attempt();
+            async move {
+                match attempt.await {
+                    Ok(Some(lease)) => Ok(lease),
+                    Ok(None) => Err(Retry::Again(Ok(tries))),
+                    Err(err) => Err(Retry::Stop(Err(err))),
+                }
+            }
+        })
+        .await;
+        won.map_err(|stop| match stop {
+            Err(err) => err,
+            Ok(attempts) => Error::Timeout {
+                key: key.to_owned(),
+                waited: started.elapsed(),
+                attempts,
+            },
+        })
+    }
+}

@@ -1,0 +1,495 @@
+//! The lease engine: one per [`Locker`](crate::Locker), shared by its clones, guards and
+//! [`Owner`](crate::Owner)s. It renews every lease held through that Locker in batched
+//! statements, reports lost leases, and owns the background work (releases of dropped
+//! guards, clean-up after cancelled or failed acquisitions) so that stopping the engine
+//! can wait for it.
+//!
+//! # Renewal
+//! Each lease renews every `interval` (`min(renew interval, lease / 3)`), counted from
+//! the send time of its last successful statement. The engine sleeps until the earliest
+//! lease is due, then renews, in one batch, every lease due within half its own interval:
+//! leases acquired at different moments fall into step after one interval, so a Locker
+//! sends one batch per interval in the steady state, and never more than two, however
+//! many leases it holds. A batch is one statement on PostgreSQL, two on MySQL (the
+//! `UPDATE` and a read-back) and one or two on SQLite, for up to
+//! [`RENEW_CHUNK`](crate::table::RENEW_CHUNK) leases.
+//!
+//! Every row stays owner- and token-checked. A lease the batch did not renew is lost:
+//! `TakenOver` (another owner or token in the row), `Deleted` (no row) or `Expired`. A
+//! failed statement is retried with the retry policy's backoff until each lease's own
+//! deadline (send time of its last success plus its lease), where that lease is declared
+//! `Unreachable`; a statement still unanswered at the earliest deadline of its batch is
+//! abandoned, so no loss is reported late.
+//!
+//! # Life cycle
+//! The engine's task starts with the first renewed lease and stops when the Locker (its
+//! last clone and last guard) is dropped, or at [`Engine::shutdown`]. Stopping ends
+//! renewal (held leases then lapse at their deadline and say so through `lost()`) and
+//! waits for the background releases, each bounded by its lease's deadline.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{RetryPolicy, micros};
+use crate::dialect::{Backend, Contention, Renewal, RowState};
+use crate::error::LostReason;
+use crate::lease::{Lease, Won};
+use crate::retry::{Retry, retry};
+use crate::stats::Counters;
+use crate::table::LockTable;
+
+/// An idle engine (no lease held) keeps waking at the last lease's pace this many times
+/// before it sleeps until a lease arrives: a Locker that acquires and releases in a loop
+/// then never has to wake it (the next lease is due after the planned wake-up).
+const IDLE_WAKES: u32 = 3;
+/// Shortest pause of an idle engine.
+const MIN_IDLE: Duration = Duration::from_millis(100);
+
+/// The lease engine of one Locker. Dropping it stops the engine (without waiting).
+pub(crate) struct Engine<DB: Backend> {
+    inner: Arc<Inner<DB>>,
+}
+
+struct Inner<DB: Backend> {
+    table: Arc<LockTable<DB>>,
+    counters: Arc<Counters>,
+    retry: RetryPolicy,
+    state: Mutex<State>,
+    /// Wakes the engine's task when a lease is due before its planned wake-up.
+    wake: Notify,
+    /// The last pass whose results have been applied.
+    passes_done: watch::Sender<u64>,
+    stop: CancellationToken,
+    jobs: TaskTracker,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct State {
+    /// The leases this engine renews, by id.
+    leases: HashMap<u64, Arc<Lease>>,
+    next_id: u64,
+    /// When the engine's task will wake next (`None`: only when told).
+    planned: Option<Instant>,
+    /// The interval of the last lease registered: an idle engine's pace.
+    last_interval: Duration,
+    idle_wakes: u32,
+    pass: u64,
+    stopped: bool,
+}
+
+impl<DB: Backend> Engine<DB> {
+    pub(crate) fn new(table: LockTable<DB>, counters: Arc<Counters>, retry: RetryPolicy) -> Self {
+        Engine {
+            inner: Arc::new(Inner {
+                table: Arc::new(table),
+                counters,
+                retry,
+                state: Mutex::new(State {
+                    leases: HashMap::new(),
+                    next_id: 1,
+                    planned: None,
+                    last_interval: MIN_IDLE,
+                    idle_wakes: 0,
+                    pass: 0,
+                    stopped: false,
+                }),
+                wake: Notify::new(),
+                passes_done: watch::channel(0).0,
+                stop: CancellationToken::new(),
+                jobs: TaskTracker::new(),
+                task: Mutex::new(None),
+            }),
+        }
+    }
+
+    pub(crate) fn table(&self) -> &Arc<LockTable<DB>> {
+        &self.inner.table
+    }
+
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.inner.counters
+    }
+
+    pub(crate) fn counters_arc(&self) -> Arc<Counters> {
+        Arc::clone(&self.inner.counters)
+    }
+
+    pub(crate) fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.retry
+    }
+
+    /// Leases this engine renews right now.
+    pub(crate) fn renewing(&self) -> usize {
+        self.inner.state().leases.len()
+    }
+
+    /// Wraps a won acquisition in a lease and, if it is to be renewed, starts renewing it.
+    pub(crate) fn start_lease(&self, won: Won) -> Arc<Lease> {
+        let inner = &self.inner;
+        let mut state = inner.state();
+        let id = state.next_id;
+        state.next_id += 1;
+        let lease = Arc::new(Lease::new(won, id, Arc::clone(&inner.counters)));
+        let Some(interval) = lease.interval.filter(|_| !state.stopped) else {
+            return lease;
+        };
+        let due = {
+            let mut timing = lease.timing();
+            timing.renewing = true;
+            timing.next_renewal
+        };
+        state.leases.insert(id, Arc::clone(&lease));
+        state.last_interval = interval.max(MIN_IDLE);
+        state.idle_wakes = 0;
+        // Only a lease due before the planned wake-up needs the task woken; otherwise it
+        // is picked up then, early enough (a lease is renewed up to half an interval
+        // early), and a tight acquire/release loop costs the engine no wake-up at all.
+        let wake = state.planned.is_none_or(|planned| due < planned);
+        if wake {
+            state.planned = Some(due);
+        }
+        drop(state);
+        self.ensure_started();
+        if wake {
+            inner.wake.notify_one();
+        }
+        lease
+    }
+
+    fn ensure_started(&self) {
+        let mut task = self.inner.task.lock().unwrap_or_else(|e| e.into_inner());
+        if task.is_some() || self.inner.stop.is_cancelled() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("no tokio runtime: leases will not be renewed");
+            return;
+        };
+        *task = Some(runtime.spawn(Arc::clone(&self.inner).run()));
+    }
+
+    /// Stops renewing `lease`, waits for a batch in flight that includes it, then deletes
+    /// the row if it is still ours (retrying while another session is in the way, until
+    /// the lease's deadline). `true` when our row was deleted.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+        self.inner.release(lease).await
+    }
+
+    /// [`release`](Self::release) for callers nobody waits on (dropped guards, failed
+    /// releases): run by the engine, retrying failures until the lease's deadline; after
+    /// that the row has expired and anyone may take it over.
+    pub(crate) fn release_in_background(&self, lease: Arc<Lease>) {
+        let inner = Arc::clone(&self.inner);
+        self.spawn_job(async move {
+            let (engine, held) = (&*inner, &*lease);
+            let released = retry(&engine.retry, held.deadline(), |_| async move {
+                engine.release(held).await.map_err(Retry::Again)
+            })
+            .await;
+            if let Err(err) = released {
+                tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+            }
+        });
+    }
+
+    /// Sets the lease to end `length` from now (database clock) if the row is still ours
+    /// and unexpired; the new expiry.
+    pub(crate) async fn extend(
+        &self,
+        lease: &Lease,
+        length: Duration,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        let sent_at = Instant::now();
+        let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
+        if let Some(expires_at) = expiry {
+            lease.renewed(expires_at, sent_at, length);
+        }
+        Ok(expiry)
+    }
+
+    /// Runs `job` in the background, owned by the engine: stopping the engine waits for it.
+    pub(crate) fn spawn_job(&self, job: impl Future<Output = ()> + Send + 'static) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(self.inner.jobs.track_future(job));
+            }
+            Err(_) => {
+                tracing::warn!("no tokio runtime: background lock work dropped; leases will expire")
+            }
+        }
+    }
+
+    /// Stops renewal and waits until the engine's task and its background work are done.
+    pub(crate) async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        let task = self
+            .inner
+            .task
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match task {
+            Some(task) => {
+                task.await.ok();
+            }
+            None => self.inner.finish().await,
+        }
+    }
+}
+
+impl<DB: Backend> Drop for Engine<DB> {
+    fn drop(&mut self) {
+        self.inner.stop.cancel();
+    }
+}
+
+/// The engine's delays between failed renewal batches (reset after a success).
+type Backoff = Box<dyn Iterator<Item = Duration> + Send>;
+
+/// How one lease came out of a batch.
+enum Verdict {
+    Renewed(DateTime<Utc>),
+    Lost(LostReason),
+}
+
+impl<DB: Backend> Inner<DB> {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn run(self: Arc<Self>) {
+        let mut backoff: Backoff = Box::new(self.retry.delays());
+        loop {
+            let planned = self.plan();
+            let sleep = async {
+                match planned {
+                    Some(at) => sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => break,
+                _ = self.wake.notified() => continue,
+                _ = sleep => {}
+            }
+            self.pass(&mut backoff).await;
+        }
+        self.finish().await;
+    }
+
+    /// Ends renewal of every lease (they lapse at their deadlines) and waits for the
+    /// background jobs.
+    async fn finish(&self) {
+        let leases: Vec<Arc<Lease>> = {
+            let mut state = self.state();
+            state.stopped = true;
+            state.leases.drain().map(|(_, lease)| lease).collect()
+        };
+        for lease in leases {
+            lease.set_renewing(false);
+        }
+        self.jobs.close();
+        self.jobs.wait().await;
+    }
+
+    /// When to wake next: the earliest renewal or deadline; an idle engine keeps the last
+    /// lease's pace for a few wake-ups, then waits to be told.
+    fn plan(&self) -> Option<Instant> {
+        let mut state = self.state();
+        let earliest = state
+            .leases
+            .values()
+            .map(|lease| {
+                let timing = lease.timing();
+                timing.next_renewal.min(timing.deadline)
+            })
+            .min();
+        let planned = match earliest {
+            Some(at) => Some(at),
+            None if state.idle_wakes < IDLE_WAKES => {
+                state.idle_wakes += 1;
+                Some(Instant::now() + state.last_interval)
+            }
+            None => None,
+        };
+        state.planned = planned;
+        planned
+    }
+
+    /// One renewal pass over every lease that is due.
+    async fn pass(&self, backoff: &mut Backoff) {
+        let now = Instant::now();
+        let mut lapsed = Vec::new();
+        let mut batch = Vec::new();
+        let pass = {
+            let mut state = self.state();
+            state.pass += 1;
+            let pass = state.pass;
+            state.leases.retain(|_, lease| {
+                let mut timing = lease.timing();
+                if now >= timing.deadline {
+                    lapsed.push((Arc::clone(lease), timing.failing));
+                    return false;
+                }
+                let interval = lease.interval.unwrap_or(Duration::ZERO);
+                if timing.next_renewal <= now + interval / 2 {
+                    timing.in_pass = pass;
+                    batch.push(Arc::clone(lease));
+                }
+                true
+            });
+            pass
+        };
+        for (lease, failing) in lapsed {
+            let reason = if failing {
+                LostReason::Unreachable
+            } else {
+                LostReason::Expired
+            };
+            lease.mark_lost(reason);
+            lease.set_renewing(false);
+        }
+        if !batch.is_empty() {
+            self.renew(&batch, backoff).await;
+        }
+        self.passes_done.send_replace(pass);
+    }
+
+    async fn renew(&self, batch: &[Arc<Lease>], backoff: &mut Backoff) {
+        let renewals: Vec<Renewal<'_>> = batch
+            .iter()
+            .map(|lease| Renewal {
+                id: lease.lock_id(),
+                lease_micros: micros(lease.length),
+            })
+            .collect();
+        // Past the earliest deadline an answer is worthless for that lease, and a
+        // black-holed connection never fails by itself: abandon the statement there.
+        let abandon_at = batch.iter().map(|lease| lease.deadline()).min();
+        let sent_at = Instant::now();
+        Counters::bump(&self.counters.renewals);
+        let outcome = match abandon_at {
+            Some(at) => timeout_at(at, self.table.renew(&renewals))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer before the earliest lease deadline",
+                    )))
+                }),
+            None => return,
+        };
+        let rows = match outcome {
+            Ok(rows) => rows,
+            Err(err) => {
+                Counters::bump(&self.counters.renewal_errors);
+                tracing::debug!(table = %self.table.name(), leases = batch.len(), error = %err, "renewal failed; retrying until each lease's deadline");
+                let retry_at = Instant::now() + backoff.next().unwrap_or_default();
+                for lease in batch {
+                    let mut timing = lease.timing();
+                    timing.failing = true;
+                    timing.next_renewal = retry_at;
+                }
+                return;
+            }
+        };
+        *backoff = Box::new(self.retry.delays());
+        let by_key = index_by_key(&rows);
+        let mut lost = Vec::new();
+        for lease in batch {
+            match judge(lease, by_key.get(lease.key.as_str()).map(Vec::as_slice)) {
+                Verdict::Renewed(expires_at) => {
+                    lease.renewed(expires_at, sent_at, lease.length);
+                    Counters::bump(&self.counters.renewed);
+                    tracing::trace!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, %expires_at, "lease renewed");
+                }
+                Verdict::Lost(reason) => {
+                    lease.mark_lost(reason);
+                    lost.push(lease.id);
+                }
+            }
+        }
+        if !lost.is_empty() {
+            let mut state = self.state();
+            for id in lost {
+                if let Some(lease) = state.leases.remove(&id) {
+                    lease.set_renewing(false);
+                }
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+        let in_pass = {
+            let mut state = self.state();
+            state.leases.remove(&lease.id);
+            let mut timing = lease.timing();
+            timing.renewing = false;
+            timing.ended = true;
+            timing.in_pass
+        };
+        // A batch that includes this lease may be in flight: let it land first, so that
+        // no renewal of ours reaches the database after the DELETE.
+        if in_pass > *self.passes_done.borrow() {
+            let mut done = self.passes_done.subscribe();
+            done.wait_for(|done| *done >= in_pass).await.ok();
+        }
+        let deleted = retry(&self.retry, lease.deadline(), |_| async {
+            match self.table.release(lease.lock_id()).await {
+                // Busy (SQLite) or a lock wait: nothing was deleted, and the owner- and
+                // token-checked DELETE is safe to repeat while the lease lasts.
+                Err(err) if LockTable::<DB>::contention(&err) == Contention::LostRace => {
+                    Err(Retry::Again(err))
+                }
+                outcome => outcome.map_err(Retry::Stop),
+            }
+        })
+        .await?;
+        if deleted {
+            Counters::bump(&self.counters.released);
+        }
+        tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted, "lock released");
+        Ok(deleted)
+    }
+}
+
+/// The rows of a batch by key (MySQL's read-back may list a key once per lease asking).
+fn index_by_key(rows: &[RowState]) -> HashMap<&str, Vec<&RowState>> {
+    let mut by_key: HashMap<&str, Vec<&RowState>> = HashMap::with_capacity(rows.len());
+    for row in rows {
+        by_key.entry(row.key.as_str()).or_default().push(row);
+    }
+    by_key
+}
+
+/// Whether the batch renewed `lease`, and if not, why it is lost.
+fn judge(lease: &Lease, rows: Option<&[&RowState]>) -> Verdict {
+    let Some(rows) = rows.filter(|rows| !rows.is_empty()) else {
+        return Verdict::Lost(LostReason::Deleted);
+    };
+    let ours = rows
+        .iter()
+        .filter(|row| row.owner == lease.owner && row.fencing_token == lease.fencing_token);
+    let mut found = false;
+    for row in ours {
+        if row.renewed {
+            return Verdict::Renewed(row.expires_at);
+        }
+        found = true;
+    }
+    Verdict::Lost(if found {
+        LostReason::Expired
+    } else {
+        LostReason::TakenOver
+    })
+}

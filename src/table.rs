@@ -1,0 +1,166 @@
+//! The lock-table access layer: [`LockTable`] is the only sender of lock-table SQL. It
+//! takes a pooled connection per operation, runs the dialect's statements on it, and
+//! repeats a statement that the database rolled back as a deadlock victim. Above it sit
+//! the lock algorithm (acquire, the lease engine, the reaper); below it, the dialects.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use std::future::Future;
+
+use sqlx::Pool;
+use sqlx::pool::PoolConnection;
+use tokio::time::Instant;
+
+use crate::config::{RetryPolicy, micros};
+use crate::dialect::{Acquired, Backend, Contention, Inspected, LockId, Renewal, RowState};
+use crate::retry::{Retry, retry};
+
+/// Most leases renewed by one batched statement. A batch travels as arrays (PostgreSQL)
+/// or one JSON document (MySQL, SQLite) of about 100 bytes a lease, so 10,000 leases are
+/// about 1 MB, well inside MySQL's default 16 MB packet; more leases take more chunks.
+pub(crate) const RENEW_CHUNK: usize = 10_000;
+
+/// How many times a statement rolled back as a deadlock victim is sent again.
+const DEADLOCK_RETRIES: u32 = 10;
+
+/// One lock table on one pool, with its statements prepared once.
+pub(crate) struct LockTable<DB: Backend> {
+    pool: Pool<DB>,
+    sql: DB::Statements,
+    name: String,
+    retry: RetryPolicy,
+}
+
+impl<DB: Backend> LockTable<DB> {
+    /// The table `name` (validated) on `pool`.
+    pub(crate) fn new(pool: Pool<DB>, name: String, retry: RetryPolicy) -> Self {
+        LockTable {
+            sql: DB::statements(&name),
+            pool,
+            name,
+            retry,
+        }
+    }
+
+    pub(crate) fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How an error of one of this table's statements is to be read.
+    pub(crate) fn contention(err: &sqlx::Error) -> Contention {
+        DB::contention(err)
+    }
+
+    /// Runs one dialect call on a pooled connection through [`retry`], again on a fresh
+    /// checkout when the database rolled it back as a deadlock victim (such a statement
+    /// changed nothing), up to [`DEADLOCK_RETRIES`] times.
+    async fn run<T, F>(&self, call: impl Fn(PoolConnection<DB>) -> F) -> Result<T, sqlx::Error>
+    where
+        F: Future<Output = Result<T, sqlx::Error>>,
+    {
+        // The count, not time, bounds deadlock retries.
+        let far = Instant::now() + Duration::from_secs(60);
+        retry(&self.retry, far, |tries| {
+            let checkout = self.pool.acquire();
+            let call = &call;
+            async move {
+                let conn = checkout.await.map_err(Retry::Stop)?;
+                match call(conn).await {
+                    Err(err)
+                        if DB::contention(&err) == Contention::Deadlock
+                            && tries <= DEADLOCK_RETRIES =>
+                    {
+                        tracing::trace!(error = %err, tries, "statement was a deadlock victim");
+                        Err(Retry::Again(err))
+                    }
+                    outcome => outcome.map_err(Retry::Stop),
+                }
+            }
+        })
+        .await
+    }
+
+    /// One acquisition attempt: insert, or take over an expired row.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Acquired>, sqlx::Error> {
+        self.run(|mut conn| async move {
+            DB::acquire(&mut conn, &self.sql, key, owner, micros(lease)).await
+        })
+        .await
+    }
+
+    /// Owner- and token-checked delete; `true` when our row went.
+    pub(crate) async fn release(&self, id: LockId<'_>) -> Result<bool, sqlx::Error> {
+        self.run(|mut conn| async move { DB::release(&mut conn, &self.sql, id).await })
+            .await
+    }
+
+    /// Owner- and token-checked extension of a live lease; the new expiry.
+    pub(crate) async fn extend(
+        &self,
+        id: LockId<'_>,
+        lease: Duration,
+    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+        self.run(
+            |mut conn| async move { DB::extend(&mut conn, &self.sql, id, micros(lease)).await },
+        )
+        .await
+    }
+
+    /// Renews a batch in chunks of [`RENEW_CHUNK`]; returns the state of every row of the
+    /// batch's keys that exists.
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<RowState>, sqlx::Error> {
+        let mut rows = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(RENEW_CHUNK) {
+            rows.extend(
+                self.run(|mut conn| async move { DB::renew(&mut conn, &self.sql, chunk).await })
+                    .await?,
+            );
+        }
+        Ok(rows)
+    }
+
+    /// Who holds `key`, by the database clock.
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<Inspected>, sqlx::Error> {
+        self.run(|mut conn| async move { DB::inspect(&mut conn, &self.sql, key).await })
+            .await
+    }
+
+    /// Deletes at most `batch` expired rows.
+    pub(crate) async fn reap_batch(&self, batch: u32) -> Result<u64, sqlx::Error> {
+        self.run(
+            |mut conn| async move { DB::reap_batch(&mut conn, &self.sql, i64::from(batch)).await },
+        )
+        .await
+    }
+
+    /// Deletes the row of `key` if `owner` holds it, whatever its token: the clean-up
+    /// after an acquisition whose answer was lost. `true` when nothing of ours is left.
+    pub(crate) async fn release_if_owned(&self, key: &str, owner: &str) -> Result<(), sqlx::Error> {
+        if let Some(row) = self.inspect(key).await?
+            && row.owner == owner
+        {
+            let id = LockId {
+                key,
+                owner,
+                fencing_token: row.fencing_token,
+            };
+            self.release(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates or upgrades the table (refinery migrations).
+    pub(crate) async fn migrate(&self) -> crate::Result<usize> {
+        crate::migrate::run(&self.pool, &self.name).await
+    }
+}
