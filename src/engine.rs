@@ -10,9 +10,10 @@
 //! lease is due, then renews, in one batch, every lease due within half its own interval:
 //! leases acquired at different moments fall into step after one interval, so a Locker
 //! sends one batch per interval in the steady state, and never more than two, however
-//! many leases it holds. A batch is one statement on PostgreSQL, two on MySQL (the
-//! `UPDATE` and a read-back) and one or two on SQLite, for up to
-//! [`RENEW_CHUNK`](crate::table::RENEW_CHUNK) leases.
+//! many leases it holds. A batch is one statement for up to
+//! [`RENEW_CHUNK`](crate::table::RENEW_CHUNK) leases; on MySQL/MariaDB and SQLite a second
+//! one (a read of the batch's rows) follows only when some lease was not renewed, to say
+//! why.
 //!
 //! Every row stays owner- and token-checked. A lease the batch did not renew is lost:
 //! `TakenOver` (another owner or token in the row), `Deleted` (no row) or `Expired`. A

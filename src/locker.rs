@@ -41,8 +41,8 @@ pub(crate) struct Shared<DB: Backend> {
 /// Every Locker has one background task, started with its first renewed lease, that
 /// renews all leases held through the Locker (its clones, guards and [`Owner`]s) in
 /// batched statements: one batch per renewal interval in the steady state, whatever the
-/// number of guards (a batch is one statement on PostgreSQL, two on MySQL/MariaDB, one or
-/// two on SQLite, for up to 10,000 leases). It stops when the last clone and the last
+/// number of guards (a batch is one statement for up to 10,000 leases, plus, on
+/// MySQL/MariaDB and SQLite, a read-back when a lease was lost). It stops when the last clone and the last
 /// guard are dropped, or at [`Locker::shutdown`].
 pub struct Locker<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,

@@ -13,9 +13,9 @@ pub struct Stats {
     /// Rows released by this locker's guards (explicitly or on drop).
     pub released: u64,
     /// Renewal batches sent by the lease engine (counted before they are sent). One batch
-    /// renews every due lease of the locker, up to 10,000 of them: one statement on
-    /// PostgreSQL, two on MySQL/MariaDB (the `UPDATE` and its read-back), one or two on
-    /// SQLite (a second one only when a lease was lost).
+    /// renews every due lease of the locker, up to 10,000 of them, in one statement; on
+    /// MySQL/MariaDB and SQLite a second one (a read-back) follows only when a lease of
+    /// the batch was not renewed.
     pub renewals: u64,
     /// Leases renewed (rows), over all batches.
     pub renewed: u64,

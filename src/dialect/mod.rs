@@ -196,8 +196,9 @@ pub trait LockSql: Database {
     ) -> impl Future<Output = Result<Option<DateTime<Utc>>, sqlx::Error>> + Send;
 
     /// Renews every lease of `batch` that is still its owner's and unexpired, each
-    /// owner- and token-checked, in at most two statements; returns the state of every
-    /// row of the batch's keys that exists (a key without a row was deleted).
+    /// owner- and token-checked, in one statement, and a second one only on backends that
+    /// must read back why some lease was not renewed; returns the state of every row of
+    /// the batch's keys that exists (a key without a row was deleted).
     fn renew(
         conn: &mut Self::Connection,
         sql: &Self::Statements,

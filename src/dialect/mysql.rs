@@ -62,12 +62,18 @@ const BATCH: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
         k VARBINARY(128) PATH '$.k', o VARCHAR(64) PATH '$.o',
         tok BIGINT PATH '$.t', micros BIGINT PATH '$.m')) AS w";
 
-// UPDATE has no RETURNING here: the renewal is followed by a read of the batch's rows on
-// the same connection, in which a row that is still the batch's owner's and unexpired is
-// one this UPDATE renewed (nothing else can make an expired row live for that owner).
+// UPDATE has no RETURNING here. NOW(6) is one value for the whole statement, so every
+// renewed row ends at NOW(6) + its lease: the second assignment changes nothing and only
+// hands NOW(6) (microseconds since the epoch, session time zone UTC as sqlx sets it) to
+// the OK packet, as EXTEND does. When fewer rows matched than the batch asked for, a read
+// of the batch's rows follows on the same connection, in which a row that is still the
+// batch owner's and unexpired is one this UPDATE renewed (nothing else can make an
+// expired row live for that owner).
 const RENEW: &str = "\
 UPDATE {batch} JOIN {table} AS t ON t.lock_key = w.k
-   SET t.expire_time = NOW(6) + INTERVAL w.micros MICROSECOND
+   SET t.expire_time = NOW(6) + INTERVAL w.micros MICROSECOND,
+       t.acquired_at = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', NOW(6))) > 0,
+                          t.acquired_at, t.acquired_at)
  WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)";
 
 const READ_BATCH: &str = "\
@@ -193,10 +199,26 @@ impl LockSql for MySql {
         batch: &[Renewal<'_>],
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let json = batch_json(batch, serde_json::Value::from);
-        sqlx::query(audited(&sql.renew))
+        let done = sqlx::query(audited(&sql.renew))
             .bind(&json)
             .execute(&mut *conn)
             .await?;
+        // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
+        // the batch was renewed when it equals the batch's size.
+        if done.rows_affected() == batch.len() as u64 {
+            let now = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+            return Ok(batch
+                .iter()
+                .map(|r| RowState {
+                    key: r.id.key.to_owned(),
+                    owner: r.id.owner.to_owned(),
+                    fencing_token: r.id.fencing_token,
+                    expires_at: DateTime::from_timestamp_micros(now.saturating_add(r.lease_micros))
+                        .unwrap_or(DateTime::<Utc>::MAX_UTC),
+                    renewed: true,
+                })
+                .collect());
+        }
         let rows: Vec<BatchRow> = sqlx::query_as(audited(&sql.read_batch))
             .bind(&json)
             .fetch_all(conn)
