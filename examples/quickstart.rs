@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "report:2026-11",
             lease,
             Duration::from_secs(1),
-            async |guard| guard.fencing_token(),
+            async |guard| Ok::<_, dblock::Error>(guard.fencing_token()),
         )
         .await?;
     println!(

@@ -174,7 +174,7 @@ impl<DB: Backend> Engine<DB> {
                     }
                     drop(gate);
                 });
-                Err(Error::from(err))
+                Err(self.table().explain(err))
             }
         }
     }
@@ -203,13 +203,20 @@ impl<DB: Backend> Engine<DB> {
             }
         })
         .await;
-        won.map_err(|stop| match stop {
-            Err(err) => err,
-            Ok(attempts) => Error::Timeout {
-                key: key.to_owned(),
-                waited: started.elapsed(),
-                attempts,
-            },
+        let attempts = match won {
+            Ok(lease) => return Ok(lease),
+            Err(Err(err)) => return Err(err),
+            Err(Ok(attempts)) => attempts,
+        };
+        let waited = started.elapsed();
+        // Who kept the key: worth one more read, the wait is over anyway.
+        let holder = self.table().inspect(key).await.ok().flatten();
+        Err(Error::Timeout {
+            key: key.to_owned(),
+            waited,
+            attempts,
+            held_by: holder.as_ref().map(|h| h.owner.clone()),
+            held_until: holder.map(|h| h.expires_at),
         })
     }
 }

@@ -95,7 +95,8 @@ pub(crate) fn validate_key(key: &str) -> Result<()> {
         return Ok(());
     };
     Err(Error::InvalidKey {
-        key: key.to_owned(),
+        key: crate::error::shown_key(key),
+        key_bytes: key.len(),
         reason,
     })
 }

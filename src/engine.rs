@@ -180,8 +180,9 @@ impl<DB: Backend> Engine<DB> {
 
     /// Stops renewing `lease`, waits for a batch in flight that includes it, then deletes
     /// the row if it is still ours (retrying while another session is in the way, until
-    /// the lease's deadline). `true` when our row was deleted.
-    pub(crate) async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+    /// the lease's deadline). `Some(expired)` when our row was deleted, saying whether its
+    /// lease had run out by the database clock; `None` when it was not ours any more.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<Option<bool>, sqlx::Error> {
         self.inner.release(lease).await
     }
 
@@ -430,7 +431,7 @@ impl<DB: Backend> Inner<DB> {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<bool, sqlx::Error> {
+    async fn release(&self, lease: &Lease) -> Result<Option<bool>, sqlx::Error> {
         let in_pass = {
             let mut state = self.state();
             state.leases.remove(&lease.id);
@@ -456,10 +457,10 @@ impl<DB: Backend> Inner<DB> {
             }
         })
         .await?;
-        if deleted {
+        if deleted.is_some() {
             Counters::bump(&self.counters.released);
         }
-        tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted, "lock released");
+        tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), "lock released");
         Ok(deleted)
     }
 }

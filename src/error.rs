@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 /// Why a held lease stopped being ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -36,10 +38,13 @@ impl std::fmt::Display for LostReason {
 pub enum Error {
     /// The lock key is empty, longer than [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) bytes,
     /// or contains a NUL byte.
-    #[error("invalid lock key {key:?}: {reason}")]
+    #[error("invalid lock key {key:?} ({key_bytes} bytes): {reason}")]
     InvalidKey {
-        /// The key as given.
+        /// The key as given, cut to its first 64 bytes (and `…`) when longer, so that a
+        /// huge key does not flood logs.
         key: String,
+        /// The length of the key as given, in bytes.
+        key_bytes: usize,
         /// What is wrong with it.
         reason: &'static str,
     },
@@ -65,7 +70,10 @@ pub enum Error {
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     /// A waiting acquire ran out of time while someone else held the lock.
-    #[error("timed out after {waited:?} waiting for lock {key:?} ({attempts} attempts)")]
+    #[error(
+        "timed out after {waited:?} waiting for lock {key:?} ({attempts} attempts){}",
+        holder_text(held_by.as_deref(), held_until.as_ref())
+    )]
     Timeout {
         /// The key that stayed held.
         key: String,
@@ -73,9 +81,16 @@ pub enum Error {
         waited: Duration,
         /// How many acquisition attempts were made.
         attempts: u32,
+        /// The owner value (`lock_value`) of the holder when the wait ended, if it could
+        /// be read.
+        held_by: Option<String>,
+        /// When the holder's lease ends, by the database clock, if it could be read.
+        held_until: Option<DateTime<Utc>>,
     },
     /// Release or extend found that the row is no longer ours: it expired and was taken
-    /// over, or was deleted. Nothing was changed.
+    /// over, or was deleted. Nothing was changed. (A release that finds its row still
+    /// there but expired deletes it and answers [`Error::LockLost`] with
+    /// [`LostReason::Expired`] instead.)
     #[error("lock {key:?} is not held by owner {owner:?}")]
     NotHeld {
         /// The key.
@@ -83,7 +98,9 @@ pub enum Error {
         /// The owner value this guard held.
         owner: String,
     },
-    /// The lease was lost while the work under it was still running.
+    /// The lease was lost while the work under it was still running, or, from
+    /// [`LockGuard::release`](crate::LockGuard::release), before the release: the work
+    /// was not protected for its whole length.
     #[error("lock {key:?} was lost: {reason}")]
     LockLost {
         /// The key.
@@ -102,6 +119,24 @@ pub enum Error {
         /// How many attempts were made.
         attempts: u32,
     },
+    /// The lock table does not exist: [`Locker::migrate`](crate::Locker::migrate) has not
+    /// been run on this database (or the builder names another table).
+    #[error("lock table {table:?} does not exist: run Locker::migrate() first ({source})")]
+    MissingTable {
+        /// The table's name.
+        table: String,
+        /// What the database said.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// No pooled connection could be had within the pool's acquire timeout.
+    #[error("{}", pool_timeout_text(*open_connections, *max_connections))]
+    PoolTimeout {
+        /// Connections the pool had open when it gave up.
+        open_connections: u32,
+        /// The pool's `max_connections`.
+        max_connections: u32,
+    },
     /// The database reported an error, or could not be reached.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -116,7 +151,10 @@ impl Error {
     /// not-held locks are not retryable.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Timeout { .. } | Error::RowLocked(_) | Error::VersionConflict { .. } => true,
+            Error::Timeout { .. }
+            | Error::RowLocked(_)
+            | Error::VersionConflict { .. }
+            | Error::PoolTimeout { .. } => true,
             Error::Database(err) => is_transient(err),
             _ => false,
         }
@@ -134,6 +172,46 @@ pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
             | sqlx::Error::Tls(_)
             | sqlx::Error::Protocol(_)
     )
+}
+
+fn holder_text(owner: Option<&str>, until: Option<&DateTime<Utc>>) -> String {
+    match (owner, until) {
+        (Some(owner), Some(until)) => format!("; held by {owner:?} until {until}"),
+        (Some(owner), None) => format!("; held by {owner:?}"),
+        _ => String::new(),
+    }
+}
+
+fn pool_timeout_text(open: u32, max: u32) -> String {
+    if open == 0 {
+        // sqlx retries refused connections silently until its acquire timeout, and does
+        // not report the cause; with nothing open, that is the likely one.
+        format!(
+            "timed out waiting for a database connection: none of the pool's connection \
+             attempts succeeded (0 of at most {max} open) - is the server at the URL's host \
+             and port up and accepting connections?"
+        )
+    } else {
+        format!(
+            "timed out waiting for a database connection: all {open} open connections \
+             (at most {max}) stayed busy - raise max_connections or hold connections for \
+             shorter"
+        )
+    }
+}
+
+/// A key as error texts show it: whole when short, else its first 64 bytes (cut on a
+/// character boundary) and `…`.
+pub(crate) fn shown_key(key: &str) -> String {
+    const SHOWN: usize = 64;
+    if key.len() <= SHOWN {
+        return key.to_owned();
+    }
+    let mut end = SHOWN;
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &key[..end])
 }
 
 /// Shorthand for results whose error is [`Error`].

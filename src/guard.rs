@@ -117,17 +117,23 @@ impl<DB: Backend> LockGuard<DB> {
     /// Cancel safe: if dropped, the lease was either extended or left as it was.
     pub async fn extend(&self, lease: Duration) -> Result<DateTime<Utc>> {
         validate_lease(lease)?;
-        match self.locker.engine.extend(&self.lease, lease).await? {
-            Some(expires_at) => Ok(expires_at),
-            None => Err(self.not_held()),
+        let engine = &self.locker.engine;
+        match engine.extend(&self.lease, lease).await {
+            Ok(Some(expires_at)) => Ok(expires_at),
+            Ok(None) => Err(self.not_held()),
+            Err(err) => Err(engine.table().explain(err)),
         }
     }
 
     /// Stops renewal (waiting for a renewal in flight), then deletes the row if it is
     /// still ours, on the caller's task.
     /// [`Error::NotHeld`] when it is not: it expired and was taken over, or was deleted;
-    /// nothing else is deleted then. A nested guard of a reentrant [`Owner`](crate::Owner)
-    /// only gives up its hold; the row goes with the last one.
+    /// nothing else is deleted then. [`Error::LockLost`] with [`LostReason::Expired`] when
+    /// the row was still ours but its lease had already run out by the database clock
+    /// (nobody took it over): the row is deleted all the same, and the error says that
+    /// the work under the lock was not protected for its whole length. A nested guard of
+    /// a reentrant [`Owner`](crate::Owner) only gives up its hold (`Ok`); the row goes
+    /// with the last one, which answers as above.
     ///
     /// # Cancel safety
     /// If the future is dropped before the database answered, the guard's drop finishes
@@ -141,12 +147,16 @@ impl<DB: Backend> LockGuard<DB> {
         let outcome = self.locker.engine.release(&self.lease).await;
         self.hold = Hold::Done;
         match outcome {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(self.not_held()),
+            Ok(Some(false)) => Ok(()),
+            Ok(Some(true)) => Err(Error::LockLost {
+                key: self.key().to_owned(),
+                reason: LostReason::Expired,
+            }),
+            Ok(None) => Err(self.not_held()),
             Err(err) => {
                 // Keep trying in the background until the lease would expire anyway.
                 self.release_in_background();
-                Err(err.into())
+                Err(self.locker.engine.table().explain(err))
             }
         }
     }

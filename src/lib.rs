@@ -40,6 +40,10 @@ pub use owner::Owner;
 pub use reaper::{ReaperConfig, ReaperHandle};
 pub use stats::Stats;
 
+/// The sqlx that dblock is built on (0.9), so that an application can name the same
+/// pool types without a version mismatch: `dblock::sqlx::PgPool`.
+pub use sqlx;
+
 #[cfg(feature = "mysql")]
 pub use sqlx::MySql;
 #[cfg(feature = "postgres")]
@@ -81,9 +85,9 @@ pub mod internals {
             self.0.acquire(key, owner, lease).await
         }
 
-        /// Owner- and token-checked release.
+        /// Owner- and token-checked release; `true` when our row went.
         pub async fn release(&self, id: crate::LockId<'_>) -> Result<bool, sqlx::Error> {
-            self.0.release(id).await
+            Ok(self.0.release(id).await?.is_some())
         }
     }
 }

@@ -8,7 +8,7 @@ use sqlx::Pool;
 
 use crate::acquire::Request;
 use crate::config::{
-    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MIN_LEASE,
+    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MAX_LEASE, MIN_LEASE,
     RetryPolicy, validate_acquire, validate_key, validate_lease, validate_owner_prefix,
     validate_range, validate_table_name,
 };
@@ -86,8 +86,9 @@ pub struct LockerBuilder<DB: Backend> {
     table: String,
     owner_prefix: String,
     retry: RetryPolicy,
-    default_lease: Duration,
-    renew_interval: Duration,
+    /// `None`: not set, the default applies.
+    default_lease: Option<Duration>,
+    renew_interval: Option<Duration>,
     auto_renew: bool,
 }
 
@@ -115,20 +116,23 @@ impl<DB: Backend> LockerBuilder<DB> {
     }
 
     /// The lease [`Locker::lease`] returns for callers without an opinion.
-    /// Default: [`DEFAULT_LEASE`] (30 s). Must be at least twice the renew interval.
+    /// Default: [`DEFAULT_LEASE`] (30 s). When [`renew_interval`](Self::renew_interval)
+    /// is set too, it must be at least twice that.
     pub fn default_lease(mut self, lease: Duration) -> Self {
-        self.default_lease = lease;
+        self.default_lease = Some(lease);
         self
     }
 
-    /// How often the watchdog renews a held lease; each guard renews every
-    /// `min(interval, its lease / 3)`. Default: [`DEFAULT_RENEW_INTERVAL`] (10 s).
+    /// How often the lease engine renews a held lease; each guard renews every
+    /// `min(interval, its lease / 3)`, so short leases are renewed often enough whatever
+    /// this says. Default: [`DEFAULT_RENEW_INTERVAL`] (10 s). At least 1 ms, and at most
+    /// half the default lease (checked only against a lease you set or the 30 s default).
     pub fn renew_interval(mut self, interval: Duration) -> Self {
-        self.renew_interval = interval;
+        self.renew_interval = Some(interval);
         self
     }
 
-    /// Whether guards are renewed by a watchdog. Default: `true`. Can also be changed per
+    /// Whether guards are renewed by the lease engine. Default: `true`. Can also be changed per
     /// acquisition with [`Locker::auto_renew`].
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
@@ -140,20 +144,32 @@ impl<DB: Backend> LockerBuilder<DB> {
         validate_table_name(&self.table)?;
         validate_owner_prefix(&self.owner_prefix)?;
         self.retry.validate()?;
-        validate_lease(self.default_lease)?;
-        validate_range(
-            "renew interval",
-            self.renew_interval,
-            MIN_LEASE,
-            self.default_lease / 2,
-        )?;
+        let default_lease = self.default_lease.unwrap_or(DEFAULT_LEASE);
+        validate_lease(default_lease)?;
+        let renew_interval = self.renew_interval.unwrap_or(DEFAULT_RENEW_INTERVAL);
+        validate_range("renew interval", renew_interval, MIN_LEASE, MAX_LEASE)?;
+        // Only options the caller set can conflict: the default interval is capped per
+        // lease (lease / 3) anyway, so a short default lease alone is fine.
+        if let Some(interval) = self.renew_interval
+            && interval > default_lease / 2
+        {
+            let lease = match self.default_lease {
+                Some(lease) => format!("default_lease ({lease:?})"),
+                None => format!("default_lease ({DEFAULT_LEASE:?}, the default)"),
+            };
+            return Err(Error::InvalidConfig(format!(
+                "renew_interval ({interval:?}) must be at most half of {lease}: a lease must \
+                 be renewed at least twice before it runs out; set a shorter renew_interval \
+                 or a longer default_lease"
+            )));
+        }
         let table = LockTable::new(self.pool, self.table, self.retry);
         Ok(Locker {
             shared: Arc::new(Shared {
                 engine: Engine::new(table, Arc::new(Counters::default()), self.retry),
                 owner_prefix: self.owner_prefix,
-                default_lease: self.default_lease,
-                renew_interval: self.renew_interval,
+                default_lease,
+                renew_interval,
             }),
             auto_renew: self.auto_renew,
         })
@@ -175,8 +191,8 @@ impl<DB: Backend> Locker<DB> {
             table: DEFAULT_TABLE.to_owned(),
             owner_prefix: String::new(),
             retry: RetryPolicy::default(),
-            default_lease: DEFAULT_LEASE,
-            renew_interval: DEFAULT_RENEW_INTERVAL,
+            default_lease: None,
+            renew_interval: None,
             auto_renew: true,
         }
     }
@@ -297,22 +313,29 @@ impl<DB: Backend> Locker<DB> {
     }
 
     /// Acquires `key` (waiting up to `wait`), runs `work` with the guard, and releases the
-    /// lock whether `work` succeeded or not. Returns what `work` returned.
+    /// lock whether `work` succeeded or not. Returns what `work` returned; `work`'s error
+    /// type `E` takes dblock's errors through `From<dblock::Error>` (as with
+    /// [`RowLocker::lock`](crate::RowLocker::lock)), so `dblock::Error` itself, or an
+    /// application error with a `From` impl, both work.
     ///
     /// If the lease is lost while `work` runs, `work`'s future is dropped at its next
-    /// await point and [`Error::LockLost`] carries the reason. [`Error::NotHeld`] means the
-    /// lease ended between `work`'s end and the release.
+    /// await point and [`Error::LockLost`] carries the reason. After `work` succeeded, the
+    /// release's own verdict counts: [`Error::LockLost`] (`Expired`) or
+    /// [`Error::NotHeld`] mean the lease ended between `work`'s end and the release.
     ///
     /// # Cancel safety
     /// Dropping the future drops `work` and the guard, whose lock is then released in the
     /// background (see [`LockGuard`]).
-    pub async fn with_lock<T>(
+    pub async fn with_lock<T, E>(
         &self,
         key: &str,
         lease: Duration,
         wait: Duration,
-        work: impl AsyncFnOnce(&LockGuard<DB>) -> T,
-    ) -> Result<T> {
+        work: impl AsyncFnOnce(&LockGuard<DB>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<Error>,
+    {
         let guard = self.acquire(key, lease, wait).await?;
         let outcome = tokio::select! {
             biased;
@@ -320,17 +343,25 @@ impl<DB: Backend> Locker<DB> {
             output = work(&guard) => Ok(output),
         };
         match outcome {
-            Ok(output) => {
+            Ok(Ok(output)) => {
                 guard.release().await?;
                 Ok(output)
             }
+            Ok(Err(err)) => {
+                // The work's error is the one to report; the release still runs.
+                if let Err(release) = guard.release().await {
+                    tracing::debug!(key, error = %release, "release after failed work");
+                }
+                Err(err)
+            }
             Err(reason) => {
-                // The row is no longer ours; this only stops the watchdog and tidies up.
+                // The row is no longer ours; this only stops renewal and tidies up.
                 guard.release().await.ok();
                 Err(Error::LockLost {
                     key: key.to_owned(),
                     reason,
-                })
+                }
+                .into())
             }
         }
     }
@@ -341,7 +372,8 @@ impl<DB: Backend> Locker<DB> {
     /// Cancel safe: it only reads.
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>> {
         validate_key(key)?;
-        let row = self.shared.engine.table().inspect(key).await?;
+        let table = self.shared.engine.table();
+        let row = table.inspect(key).await.map_err(|err| table.explain(err))?;
         Ok(row.map(|row| Holder {
             owner: row.owner,
             fencing_token: row.fencing_token,

@@ -148,7 +148,10 @@ pub(crate) async fn reap_all<DB: Backend>(
     let mut total = 0;
     loop {
         let started = Instant::now();
-        let deleted = table.reap_batch(batch).await?;
+        let deleted = table
+            .reap_batch(batch)
+            .await
+            .map_err(|err| table.explain(err))?;
         total += deleted;
         counters.reaped.fetch_add(deleted, Ordering::Relaxed);
         if deleted < u64::from(batch) {

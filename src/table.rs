@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::config::{RetryPolicy, micros};
 use crate::dialect::{Acquired, Backend, Contention, Inspected, LockId, Renewal, RowState};
+use crate::error::Error;
 use crate::retry::{Retry, retry};
 
 /// Most leases renewed by one batched statement. A batch travels as arrays (PostgreSQL)
@@ -30,6 +31,8 @@ pub(crate) struct LockTable<DB: Backend> {
     sql: DB::Statements,
     name: String,
     retry: RetryPolicy,
+    /// A connection outside the pool that keeps an in-memory database alive.
+    keep_alive: tokio::sync::Mutex<Option<DB::Connection>>,
 }
 
 impl<DB: Backend> LockTable<DB> {
@@ -40,6 +43,7 @@ impl<DB: Backend> LockTable<DB> {
             pool,
             name,
             retry,
+            keep_alive: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -49,6 +53,22 @@ impl<DB: Backend> LockTable<DB> {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The error a caller of the lock table sees for a database error: a missing table
+    /// and a pool timeout are said so, with what to do about them.
+    pub(crate) fn explain(&self, err: sqlx::Error) -> Error {
+        match err {
+            err if DB::is_missing_table(&err) => Error::MissingTable {
+                table: self.name.clone(),
+                source: err,
+            },
+            sqlx::Error::PoolTimedOut => Error::PoolTimeout {
+                open_connections: self.pool.size(),
+                max_connections: self.pool.options().get_max_connections(),
+            },
+            err => Error::Database(err),
+        }
     }
 
     /// How an error of one of this table's statements is to be read.
@@ -98,8 +118,9 @@ impl<DB: Backend> LockTable<DB> {
         .await
     }
 
-    /// Owner- and token-checked delete; `true` when our row went.
-    pub(crate) async fn release(&self, id: LockId<'_>) -> Result<bool, sqlx::Error> {
+    /// Owner- and token-checked delete: `Some(expired)` when our row went, saying whether
+    /// its lease had already run out by the database clock; `None` when it was not ours.
+    pub(crate) async fn release(&self, id: LockId<'_>) -> Result<Option<bool>, sqlx::Error> {
         self.run(|mut conn| async move { DB::release(&mut conn, &self.sql, id).await })
             .await
     }
@@ -144,7 +165,7 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// Deletes the row of `key` if `owner` holds it, whatever its token: the clean-up
-    /// after an acquisition whose answer was lost. `true` when nothing of ours is left.
+    /// after an acquisition whose answer was lost.
     pub(crate) async fn release_if_owned(&self, key: &str, owner: &str) -> Result<(), sqlx::Error> {
         if let Some(row) = self.inspect(key).await?
             && row.owner == owner
@@ -159,8 +180,32 @@ impl<DB: Backend> LockTable<DB> {
         Ok(())
     }
 
-    /// Creates or upgrades the table (refinery migrations).
+    /// Creates or upgrades the table (refinery migrations). On a database that lives
+    /// only as long as a connection to it (in-memory SQLite), first opens a connection of
+    /// the table's own that keeps it alive for as long as this table object lives.
     pub(crate) async fn migrate(&self) -> crate::Result<usize> {
-        crate::migrate::run(&self.pool, &self.name).await
+        self.keep_alive().await?;
+        let applied = crate::migrate::run(&self.pool, &self.name).await?;
+        if let Some(conn) = self.keep_alive.lock().await.as_mut() {
+            // The keep-alive connection must see the table the pool's connection made;
+            // it does not when every connection has a database of its own.
+            DB::check_shared(conn, &self.name)
+                .await
+                .map_err(|err| match err {
+                    sqlx::Error::Configuration(why) => Error::InvalidConfig(why.to_string()),
+                    err => self.explain(err),
+                })?;
+        }
+        Ok(applied)
+    }
+
+    async fn keep_alive(&self) -> crate::Result<()> {
+        let mut slot = self.keep_alive.lock().await;
+        if slot.is_none() {
+            *slot = DB::keep_alive(&self.pool)
+                .await
+                .map_err(|err| self.explain(err))?;
+        }
+        Ok(())
     }
 }

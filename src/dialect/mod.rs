@@ -179,12 +179,14 @@ pub trait LockSql: Database {
         lease_micros: i64,
     ) -> impl Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send;
 
-    /// Owner- and token-checked delete; `true` when our row was deleted.
+    /// Owner- and token-checked delete. `Some(expired)` when our row was deleted, saying
+    /// whether its lease had already run out by the database clock; `None` when the row
+    /// was not ours (any more).
     fn release(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
         lock: LockId<'_>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send;
 
     /// Owner- and token-checked extension of a live lease (never an upsert: it cannot take
     /// a lock back); the new expiry, or `None` when the row is no longer ours or expired.
@@ -221,6 +223,27 @@ pub trait LockSql: Database {
 
     /// Reads an error of a lock-table statement.
     fn contention(err: &sqlx::Error) -> Contention;
+
+    /// Whether the error says the lock table does not exist (not migrated yet).
+    fn is_missing_table(err: &sqlx::Error) -> bool;
+
+    /// A connection of its own, outside `pool`, that keeps the database alive when it
+    /// lives only while a connection to it is open (in-memory SQLite); `None` elsewhere.
+    fn keep_alive(
+        _pool: &sqlx::Pool<Self>,
+    ) -> impl Future<Output = Result<Option<Self::Connection>, sqlx::Error>> + Send {
+        std::future::ready(Ok(None))
+    }
+
+    /// On a [`LockSql::keep_alive`] connection, after migrating through the pool: fails
+    /// with a configuration error if that connection cannot see `table`, i.e. every
+    /// connection has a database of its own.
+    fn check_shared(
+        _conn: &mut Self::Connection,
+        _table: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        std::future::ready(Ok(()))
+    }
 
     /// Serializes migration runs across processes, on this connection.
     fn lock_migrations(

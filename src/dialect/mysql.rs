@@ -21,6 +21,7 @@ use super::{
 pub struct Statements {
     acquire: Sql,
     read_owner: Sql,
+    release_live: Sql,
     release: Sql,
     extend: Sql,
     renew: Sql,
@@ -44,6 +45,10 @@ ON DUPLICATE KEY UPDATE
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
 
+// DELETE has no RETURNING on MySQL 8: the usual release deletes a live lease, and only
+// when that finds nothing does a second one tell an expired row of ours from none.
+const RELEASE_LIVE: &str = "DELETE FROM {table}
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
 const RELEASE: &str =
     "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ? AND fencing_token = ?";
 
@@ -90,6 +95,8 @@ const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expi
 const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('dblock-migrate:', ?), 600)";
 const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('dblock-migrate:', ?))";
 
+/// ER_NO_SUCH_TABLE: the lock table was not migrated.
+const ER_NO_SUCH_TABLE: u16 = 1146;
 /// Error numbers that mean "another session got in the way".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -124,6 +131,7 @@ impl LockSql for MySql {
         Statements {
             acquire: sql(ACQUIRE, table),
             read_owner: sql(READ_OWNER, table),
+            release_live: sql(RELEASE_LIVE, table),
             release: sql(RELEASE, table),
             extend: sql(EXTEND, table),
             renew: batch_sql(RENEW, table),
@@ -163,14 +171,19 @@ impl LockSql for MySql {
         conn: &mut MySqlConnection,
         sql: &Statements,
         lock: LockId<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.release))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+    ) -> Result<Option<bool>, sqlx::Error> {
+        for (statement, expired) in [(&sql.release_live, false), (&sql.release, true)] {
+            let done = sqlx::query(audited(statement))
+                .bind(lock.key)
+                .bind(lock.owner)
+                .bind(lock.fencing_token)
+                .execute(&mut *conn)
+                .await?;
+            if done.rows_affected() == 1 {
+                return Ok(Some(expired));
+            }
+        }
+        Ok(None)
     }
 
     async fn extend(
@@ -267,6 +280,10 @@ impl LockSql for MySql {
             _ if is_unique_violation(err) => Contention::LostRace,
             _ => Contention::Failure,
         }
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        error_number(err) == Some(ER_NO_SUCH_TABLE)
     }
 
     async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {

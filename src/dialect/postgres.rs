@@ -41,8 +41,9 @@ ON CONFLICT (lock_key) DO UPDATE
  WHERE held.expire_time <= clock_timestamp()
 RETURNING fencing_token, expire_time";
 
-const RELEASE: &str =
-    "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3";
+const RELEASE: &str = "\
+DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+RETURNING expire_time <= clock_timestamp()";
 
 const EXTEND: &str = "\
 UPDATE {table} SET expire_time = clock_timestamp() + $3::bigint * INTERVAL '1 microsecond'
@@ -130,14 +131,13 @@ impl LockSql for Postgres {
         conn: &mut PgConnection,
         sql: &Statements,
         lock: LockId<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.release))
+    ) -> Result<Option<bool>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.release))
             .bind(lock.key)
             .bind(lock.owner)
             .bind(lock.fencing_token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn extend(
@@ -212,6 +212,11 @@ impl LockSql for Postgres {
             Some("23505" | "40001" | "55P03") => Contention::LostRace,
             _ => Contention::Failure,
         }
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        // undefined_table
+        db_code(err).as_deref() == Some("42P01")
     }
 
     async fn lock_migrations(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {

@@ -46,8 +46,9 @@ ON CONFLICT (lock_key) DO UPDATE
  WHERE {table}.expire_time <= {now}
 RETURNING fencing_token, expire_time";
 
-const RELEASE: &str =
-    "DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3";
+const RELEASE: &str = "\
+DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
+RETURNING expire_time <= {now}";
 
 const EXTEND: &str = "\
 UPDATE {table} SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)
@@ -147,14 +148,13 @@ impl LockSql for Sqlite {
         conn: &mut SqliteConnection,
         sql: &Statements,
         lock: LockId<'_>,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.release))
+    ) -> Result<Option<bool>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.release))
             .bind(lock.key)
             .bind(lock.owner)
             .bind(lock.fencing_token)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn extend(
@@ -249,6 +249,43 @@ impl LockSql for Sqlite {
         } else {
             Contention::Failure
         }
+    }
+
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        // SQLITE_ERROR carries no finer code for this; the message is stable.
+        matches!(err, sqlx::Error::Database(db) if db.message().starts_with("no such table"))
+    }
+
+    async fn keep_alive(pool: &sqlx::Pool<Self>) -> Result<Option<SqliteConnection>, sqlx::Error> {
+        // An in-memory database has no file: `main` is listed with an empty one.
+        let file: Option<String> =
+            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
+                .fetch_optional(pool)
+                .await?;
+        if file.is_some_and(|file| !file.is_empty()) {
+            return Ok(None);
+        }
+        let conn = sqlx::ConnectOptions::connect(&*pool.connect_options()).await?;
+        Ok(Some(conn))
+    }
+
+    async fn check_shared(conn: &mut SqliteConnection, table: &str) -> Result<(), sqlx::Error> {
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1")
+                .bind(table)
+                .fetch_optional(conn)
+                .await?;
+        if found.is_none() {
+            return Err(sqlx::Error::Configuration(
+                "this in-memory SQLite database is private to each connection, so the pool's \
+                 connections do not share the lock table and it vanishes when the pool closes \
+                 the connection that holds it: open it with a shared cache \
+                 (`sqlite::memory:` does; or `file:NAME?mode=memory&cache=shared`), or use a \
+                 database file"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     async fn lock_migrations(conn: &mut SqliteConnection, _table: &str) -> Result<(), sqlx::Error> {

@@ -136,7 +136,7 @@ pub async fn with_lock_is_cancelled_on_loss<DB: Outage>() {
         .with_lock("cancelled-work", lease, Duration::ZERO, async |_guard| {
             started.send(()).unwrap();
             // Work that would never end on its own.
-            std::future::pending::<()>().await
+            std::future::pending::<Result<(), Error>>().await
         });
     let deleter = async {
         started_rx.await.unwrap();

@@ -1,6 +1,7 @@
 //! The conformance suite: every case is written once, generic over the backend, and
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
+mod first_hour;
 mod inputs;
 mod interop;
 mod lease;
@@ -12,6 +13,7 @@ mod waiting;
 
 use std::time::Duration;
 
+pub use first_hour::*;
 pub use inputs::*;
 pub use interop::*;
 pub use lease::*;
@@ -57,6 +59,9 @@ macro_rules! conformance_suite {
             background_reaper_reports_and_stops,
             owner_nests_and_excludes_others,
             cancelled_acquires_leave_no_orphans,
+            release_after_expiry_says_so,
+            missing_table_says_migrate,
+            error_texts_are_actionable,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

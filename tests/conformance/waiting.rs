@@ -55,10 +55,15 @@ pub async fn acquire_times_out<DB: TestBackend>() {
             key: k,
             waited,
             attempts,
+            held_by,
+            held_until,
         }) => {
             assert_eq!(k, key);
             assert!(waited >= wait, "{waited:?}");
             assert!(attempts >= 2, "{attempts} attempts");
+            // The error says who kept the key, and until when (database clock).
+            assert_eq!(held_by.as_deref(), Some(kept.owner()));
+            assert_eq!(held_until, Some(kept.expires_at()));
         }
         other => panic!("expected Timeout, got {other:?}"),
     }
@@ -74,7 +79,10 @@ pub async fn acquire_times_out<DB: TestBackend>() {
     let mut ran = false;
     let with = db
         .locker
-        .with_lock(key, LONG, wait, async |_| ran = true)
+        .with_lock(key, LONG, wait, async |_| {
+            ran = true;
+            Ok::<_, Error>(())
+        })
         .await;
     assert!(matches!(with, Err(Error::Timeout { .. })), "{with:?}");
     assert!(!ran);
@@ -84,7 +92,8 @@ pub async fn acquire_times_out<DB: TestBackend>() {
     kept.release().await.unwrap();
 }
 
-/// with_lock hands back the closure's value and releases, whatever the value says.
+/// with_lock hands back the closure's value and releases, whether the work succeeded or
+/// failed; the work's own error type carries dblock's errors through `From`.
 pub async fn with_lock_returns_and_releases<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
@@ -98,24 +107,42 @@ pub async fn with_lock_returns_and_releases<DB: TestBackend>() {
             let holder = locker.holder(key).await.unwrap().unwrap();
             assert_eq!(holder.owner, guard.owner());
             assert_eq!(guard.key(), key);
-            42
+            Ok::<_, Error>(42)
         })
         .await
         .expect("with_lock");
     assert_eq!(value, 42);
     assert_eq!(locker.holder(key).await.unwrap(), None);
 
-    let failed: Result<u8, String> = locker
-        .with_lock(key, LONG, PATIENCE, async |_| Err("work failed".to_owned()))
-        .await
-        .expect("the lock part succeeded");
-    assert_eq!(failed, Err("work failed".to_owned()));
+    let failed: Result<u8, WorkError> = locker
+        .with_lock(key, LONG, PATIENCE, async |_| {
+            Err(WorkError::Work("work failed"))
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(WorkError::Work("work failed"))),
+        "{failed:?}"
+    );
     assert_eq!(locker.holder(key).await.unwrap(), None);
 
     // Released for real: the next with_lock gets it at once.
     let again = locker
-        .with_lock(key, LONG, Duration::ZERO, async |_| ())
+        .with_lock(key, LONG, Duration::ZERO, async |_| Ok::<_, Error>(()))
         .await;
     assert!(again.is_ok(), "{again:?}");
     assert_eq!(db.plain.row_count().await, 0);
+}
+
+/// An application's own error type for work under a lock.
+#[derive(Debug)]
+enum WorkError {
+    Work(&'static str),
+    #[allow(dead_code)] // only ever built by `From`, read through Debug
+    Lock(Error),
+}
+
+impl From<Error> for WorkError {
+    fn from(err: Error) -> Self {
+        WorkError::Lock(err)
+    }
 }

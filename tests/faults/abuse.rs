@@ -168,7 +168,7 @@ pub async fn run<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
             locker.acquire(key, LEASE, Duration::ZERO).await.map(|_| ()),
             locker.holder(key).await.map(|_| ()),
             locker
-                .with_lock(key, LEASE, Duration::ZERO, async |_| ())
+                .with_lock(key, LEASE, Duration::ZERO, async |_| Ok::<_, Error>(()))
                 .await,
         ];
         for outcome in outcomes {

@@ -1,0 +1,57 @@
+//! A server that refuses connections: the pool timeout says what is likely wrong (sqlx
+//! retries refused connections silently until its acquire timeout and keeps the cause).
+//! Needs no server: it dials a loopback port nobody listens on.
+
+use std::time::Duration;
+
+use dblock::{Error, Locker};
+
+/// A loopback port that refuses connections: bound, then closed again.
+fn refusing_port() -> u16 {
+    let socket = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().port()
+}
+
+fn assert_says_refused<T: std::fmt::Debug>(outcome: dblock::Result<T>) {
+    match outcome {
+        Err(
+            err @ Error::PoolTimeout {
+                open_connections: 0,
+                ..
+            },
+        ) => {
+            let text = err.to_string();
+            assert!(text.contains("host") && text.contains("port"), "{text}");
+            assert!(err.is_retryable());
+        }
+        other => panic!("expected PoolTimeout with no connection open, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn postgres_refused() {
+    let url = format!("postgres://postgres@127.0.0.1:{}/test", refusing_port());
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy(&url)
+        .unwrap();
+    assert_says_refused(
+        Locker::new(pool)
+            .try_acquire("k", Duration::from_secs(5))
+            .await,
+    );
+}
+
+#[tokio::test]
+async fn mysql_refused() {
+    let url = format!("mysql://root@127.0.0.1:{}/test", refusing_port());
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy(&url)
+        .unwrap();
+    assert_says_refused(
+        Locker::new(pool)
+            .try_acquire("k", Duration::from_secs(5))
+            .await,
+    );
+}
