@@ -1,6 +1,7 @@
 //! The conformance suite: every case is written once, generic over the backend, and
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
+mod engine;
 mod inputs;
 mod interop;
 mod lease;
@@ -12,6 +13,7 @@ mod waiting;
 
 use std::time::Duration;
 
+pub use engine::*;
 pub use inputs::*;
 pub use interop::*;
 pub use lease::*;
@@ -57,6 +59,9 @@ macro_rules! conformance_suite {
             background_reaper_reports_and_stops,
             owner_nests_and_excludes_others,
             cancelled_acquires_leave_no_orphans,
+            many_guards_stay_held_in_few_statements,
+            deleting_some_rows_fires_lost_for_exactly_those,
+            leases_of_different_lengths_renew_on_their_own_schedule,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
