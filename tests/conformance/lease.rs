@@ -11,10 +11,10 @@ use super::lease_env::{LeaseEnv, Outage};
 
 /// How long the tests allow past a bound they assert, for scheduling noise on a busy
 /// two-core machine. Bounds are functional (within one renewal interval), not speed.
-const SLACK: Duration = Duration::from_millis(1500);
+pub(super) const SLACK: Duration = Duration::from_millis(1500);
 
 /// Polls `check` until it holds or `limit` passes; the answer says which.
-async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+pub(super) async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

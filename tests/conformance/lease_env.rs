@@ -128,6 +128,17 @@ impl<DB: Outage> LeaseEnv<DB> {
             .expect("valid options")
     }
 
+    /// A renewing locker on the same table through a pool of its own, with a renew
+    /// interval of `interval` (each guard renews every `min(interval, lease / 3)`): for
+    /// cases that hold many guards through one locker.
+    pub async fn locker_renewing_every(&self, interval: Duration) -> Locker<DB> {
+        Locker::builder(self.db.another_pool().await)
+            .table(&self.db.table)
+            .renew_interval(interval)
+            .build()
+            .expect("valid options")
+    }
+
     /// Plain SQL: deletes the row of `key`, whoever holds it.
     pub async fn delete_row(&self, key: &str) {
         assert_eq!(

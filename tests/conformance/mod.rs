@@ -1,6 +1,7 @@
 //! The conformance suite: every case is written once, generic over the backend, and
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
+mod engine;
 mod first_hour;
 mod inputs;
 mod interop;
@@ -13,6 +14,7 @@ mod waiting;
 
 use std::time::Duration;
 
+pub use engine::*;
 pub use first_hour::*;
 pub use inputs::*;
 pub use interop::*;
@@ -62,6 +64,9 @@ macro_rules! conformance_suite {
             release_after_expiry_says_so,
             missing_table_says_migrate,
             error_texts_are_actionable,
+            many_guards_stay_held_in_few_statements,
+            deleting_some_rows_fires_lost_for_exactly_those,
+            leases_of_different_lengths_renew_on_their_own_schedule,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
