@@ -36,7 +36,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -375,22 +375,9 @@ impl<DB: Backend> Inner<DB> {
                 lease_micros: micros(lease.length),
             })
             .collect();
-        // Past the earliest deadline an answer is worthless for that lease, and a
-        // black-holed connection never fails by itself: abandon the statement there.
-        let abandon_at = batch.iter().map(|lease| lease.deadline()).min();
         let sent_at = Instant::now();
         Counters::bump(&self.counters.renewals);
-        let outcome = match abandon_at {
-            Some(at) => timeout_at(at, self.table.renew(&renewals))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(sqlx::Error::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no answer before the earliest lease deadline",
-                    )))
-                }),
-            None => return,
-        };
+        let outcome = self.renew_by_deadlines(batch, &renewals).await;
         let rows = match outcome {
             Ok(rows) => rows,
             Err(err) => {
@@ -402,6 +389,7 @@ impl<DB: Backend> Inner<DB> {
                     timing.failing = true;
                     timing.next_renewal = retry_at;
                 }
+                self.forget_lost(batch);
                 return;
             }
         };
@@ -409,6 +397,11 @@ impl<DB: Backend> Inner<DB> {
         let by_key = index_by_key(&rows);
         let mut lost = Vec::new();
         for lease in batch {
+            if lease.lost_reason().is_some() {
+                // Declared lost at its deadline while the statement was in flight.
+                lost.push(lease.id);
+                continue;
+            }
             match judge(lease, by_key.get(lease.key.as_str()).map(Vec::as_slice)) {
                 Verdict::Renewed(expires_at) => {
                     lease.renewed(expires_at, sent_at, lease.length);
@@ -429,6 +422,52 @@ impl<DB: Backend> Inner<DB> {
                 }
             }
         }
+    }
+
+    /// Stops renewing the leases of `batch` that were declared lost.
+    fn forget_lost(&self, batch: &[Arc<Lease>]) {
+        let mut state = self.state();
+        for lease in batch.iter().filter(|lease| lease.lost_reason().is_some()) {
+            if state.leases.remove(&lease.id).is_some() {
+                lease.set_renewing(false);
+            }
+        }
+    }
+
+    /// Sends the batch and waits for its answer, but no lease waits past its own
+    /// deadline: past it an answer is worthless for that lease (the database may
+    /// consider it over), so it is declared `Unreachable` then, while the statement goes
+    /// on for the others. A statement still unanswered when the last lease of its batch
+    /// reaches its deadline is abandoned (a black-holed connection never fails by itself).
+    async fn renew_by_deadlines(
+        &self,
+        batch: &[Arc<Lease>],
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<RowState>, sqlx::Error> {
+        let mut deadlines: Vec<(Instant, &Arc<Lease>)> = batch
+            .iter()
+            .map(|lease| (lease.deadline(), lease))
+            .collect();
+        deadlines.sort_by_key(|(deadline, _)| *deadline);
+        let mut pending = deadlines.as_slice();
+        let statement = self.table.renew(renewals);
+        tokio::pin!(statement);
+        while let Some(&(deadline, _)) = pending.first() {
+            tokio::select! {
+                outcome = &mut statement => return outcome,
+                _ = sleep_until(deadline) => {}
+            }
+            let now = Instant::now();
+            let lapsed = pending.partition_point(|(deadline, _)| *deadline <= now);
+            for (_, lease) in &pending[..lapsed] {
+                lease.mark_lost(LostReason::Unreachable);
+            }
+            pending = &pending[lapsed..];
+        }
+        Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer before the last lease deadline of the batch",
+        )))
     }
 
     async fn release(&self, lease: &Lease) -> Result<Option<bool>, sqlx::Error> {
