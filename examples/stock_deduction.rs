@@ -8,8 +8,9 @@
 //! ```
 //!
 //! On a server it creates the tables `stock_product` and `stock_product_lock` (with the
-//! lock table's companions) if they are missing, and leaves them; `--table` picks other
-//! names. The SQLite file is removed at the end.
+//! lock table's companions: migration history, and PostgreSQL's fencing sequence or
+//! MySQL's fencing counters and trigger) and drops them all at the end, unless `--keep`
+//! is given; `--table` picks other names. The SQLite file is removed at the end.
 //!
 //! Exits with status 1 if a protected strategy oversold or lost stock (`none` is there to
 //! show what happens without protection, and is never held against the run).
@@ -28,8 +29,26 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use stock::{Report, Shop, StockDb, Strategy, Workload};
 
-/// Stock deduction under contention, with five strategies.
+/// What each column of the results table means (printed under it, and by --help).
+const COLUMNS: &str = "\
+Columns:
+  accepted     orders that got their units
+  rejected     orders refused because the product was sold out (a correct answer)
+  gave up      orders that never got to decide: the lock wait, row-lock wait or optimistic
+               attempts ran out (the order should be retried; no stock moved)
+  final stock  units left, summed over products
+  oversold     units sold beyond the initial stock (must be 0 for a protected strategy)
+  lost         deductions that went missing: units accepted + units left - initial units
+               (a lost update; must be 0 for a protected strategy)
+  retries      optimistic strategy only: version conflicts that were read again
+  elapsed      wall time of the strategy's orders
+  orders/s     orders (accepted, rejected or given up) per second";
+
+/// Stock deduction under contention, with five strategies: none (no protection, to show
+/// what goes wrong), lock-table (dblock's Locker, fenced with assert_held), for-update
+/// (RowLocker), optimistic (Versioned), atomic (one conditional UPDATE).
 #[derive(Parser, Debug)]
+#[command(after_help = COLUMNS)]
 struct Args {
     /// postgres://.. or mysql://..; default: an SQLite file in the temp directory.
     #[arg(long)]
@@ -58,6 +77,9 @@ struct Args {
     /// The product table (the lock table is `<table>_lock`).
     #[arg(long, default_value = "stock_product")]
     table: String,
+    /// Keep the tables (and sequence, triggers) on a server database after the run.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[tokio::main]
@@ -80,14 +102,14 @@ async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
                 .max_connections(connections)
                 .connect(url)
                 .await?;
-            run(pool, &args.table, &strategies, workload).await?
+            run(pool, &args.table, &strategies, workload, args.keep).await?
         }
         Some(url) if url.starts_with("mysql") || url.starts_with("mariadb") => {
             let pool = PoolOptions::<sqlx::MySql>::new()
                 .max_connections(connections)
                 .connect(url)
                 .await?;
-            run(pool, &args.table, &strategies, workload).await?
+            run(pool, &args.table, &strategies, workload, args.keep).await?
         }
         Some(url) => return Err(format!("unsupported database URL {url:?}").into()),
         None => {
@@ -103,7 +125,8 @@ async fn main() -> Result<ExitCode, Box<dyn std::error::Error>> {
                 .connect_with(options)
                 .await?;
             println!("SQLite file {}", path.display());
-            let reports = run(pool.clone(), &args.table, &strategies, workload).await;
+            // The file is removed below, tables and all.
+            let reports = run(pool.clone(), &args.table, &strategies, workload, true).await;
             pool.close().await;
             remove_sqlite_files(&path);
             reports?
@@ -131,6 +154,7 @@ async fn run<DB: StockDb>(
     table: &str,
     strategies: &[Strategy],
     workload: Workload,
+    keep: bool,
 ) -> Result<Vec<Report>, dblock::Error>
 where
     i64: dblock::SqlValue<DB>,
@@ -149,6 +173,23 @@ where
         workload.products,
         workload.stock
     );
+    let reports = place_orders(&shop, strategies, workload).await;
+    if !keep {
+        shop.remove().await?;
+    }
+    let reports = reports?;
+    print_table(&reports);
+    Ok(reports)
+}
+
+async fn place_orders<DB: StockDb>(
+    shop: &Shop<DB>,
+    strategies: &[Strategy],
+    workload: Workload,
+) -> Result<Vec<Report>, dblock::Error>
+where
+    i64: dblock::SqlValue<DB>,
+{
     let mut reports = Vec::new();
     for &strategy in strategies {
         let bar = ProgressBar::new(workload.orders as u64).with_style(
@@ -161,7 +202,6 @@ where
         bar.finish_and_clear();
         reports.push(report);
     }
-    print_table(&reports);
     Ok(reports)
 }
 
@@ -195,6 +235,7 @@ fn print_table(reports: &[Report]) {
             r.rate()
         );
     }
+    println!("\n{COLUMNS}");
     for r in reports.iter().filter(|r| r.failed_releases > 0) {
         println!(
             "{}: {} lease releases failed (database error) and were left to the guard's \

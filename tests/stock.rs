@@ -599,6 +599,45 @@ macro_rules! backend {
 }
 
 /// Every case on every backend.
+/// The example cleans up after itself: `Shop::remove` drops the product table, the lock
+/// table and every companion the migration made (history, fencing sequence or counter
+/// table, triggers), so nothing with the tables' prefix is left in the database.
+async fn shop_removes_what_it_created<DB: Db>()
+where
+    i64: SqlValue<DB>,
+{
+    let Some(db) = TestDb::<DB>::open_unmigrated().await else {
+        return;
+    };
+    let prefix = db.table.clone();
+    let locker = Locker::builder(db.pool.clone())
+        .table(format!("{prefix}_lock"))
+        .build()
+        .unwrap();
+    let shop = Shop::open(locker, &format!("{prefix}_goods"))
+        .await
+        .unwrap();
+    shop.restock(1, 5).await.unwrap();
+    let catalog = match DB::LABEL {
+        "postgres" => format!("SELECT count(*) FROM pg_class WHERE relname LIKE '{prefix}%'"),
+        "mysql" => format!(
+            "SELECT (SELECT count(*) FROM information_schema.tables \
+                      WHERE table_schema = DATABASE() AND table_name LIKE '{prefix}%') \
+                  + (SELECT count(*) FROM information_schema.triggers \
+                      WHERE trigger_schema = DATABASE() AND trigger_name LIKE '{prefix}%')"
+        ),
+        _ => format!("SELECT count(*) FROM sqlite_master WHERE name LIKE '{prefix}%'"),
+    };
+    let count = async || {
+        <DB as TestBackend>::fetch_i64(&db.pool, catalog.clone(), vec![])
+            .await
+            .unwrap()
+    };
+    assert!(count().await.unwrap_or(0) >= 3, "the shop made its tables");
+    shop.remove().await.unwrap();
+    assert_eq!(count().await, Some(0), "left behind after remove()");
+}
+
 macro_rules! suite {
     ($($case:ident),* $(,)?) => {
         backend!(postgres, sqlx::Postgres, [$($case),*]);
@@ -622,4 +661,5 @@ suite!(
     optimistic_gives_up_with_version_conflict,
     optimistic_refusal_is_the_callers_outcome,
     assert_held_refuses_a_stale_token,
+    shop_removes_what_it_created,
 );

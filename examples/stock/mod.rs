@@ -172,6 +172,12 @@ pub trait StockDb: Backend {
         binds: &[i64],
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 
+    /// What `Shop::open` created for `table` and its lock table `lock_table`, as
+    /// `DROP` statements: the tables and migration history, and what dropping a table
+    /// leaves behind (PostgreSQL's fencing sequence, MySQL's fencing counter table; the
+    /// triggers go with their tables).
+    fn drop_statements(table: &str, lock_table: &str) -> Vec<String>;
+
     /// Runs a query with `i64` binds; the first column of the first row.
     fn fetch_i64(
         conn: &mut Self::Connection,
@@ -181,8 +187,12 @@ pub trait StockDb: Backend {
 }
 
 macro_rules! stock_db {
-    ($db:ty, $numbered:expr) => {
+    ($db:ty, $numbered:expr, |$t:ident, $l:ident| $drops:expr) => {
         impl StockDb for $db {
+            fn drop_statements($t: &str, $l: &str) -> Vec<String> {
+                $drops
+            }
+
             fn sql(template: &str) -> String {
                 if !$numbered {
                     return template.to_owned();
@@ -223,9 +233,19 @@ macro_rules! stock_db {
         }
     };
 }
-stock_db!(sqlx::Postgres, true);
-stock_db!(sqlx::MySql, false);
-stock_db!(sqlx::Sqlite, false);
+stock_db!(sqlx::Postgres, true, |t, l| vec![
+    format!("DROP TABLE IF EXISTS {t}, {l}, {l}_history"),
+    format!("DROP SEQUENCE IF EXISTS {l}_fencing_seq"),
+]);
+stock_db!(sqlx::MySql, false, |t, l| vec![format!(
+    "DROP TABLE IF EXISTS {t}, {l}, {l}_history, {l}_fencing"
+)]);
+stock_db!(sqlx::Sqlite, false, |t, l| vec![
+    format!("DROP TABLE IF EXISTS {t}"),
+    format!("DROP TABLE IF EXISTS {l}"),
+    format!("DROP TABLE IF EXISTS {l}_history"),
+    format!("DROP TABLE IF EXISTS {l}_fencing"),
+]);
 
 /// Everything the workers share: the pool, the helpers and the statements.
 pub struct Shop<DB: StockDb> {
@@ -282,6 +302,17 @@ where
             locker,
             pool,
         })
+    }
+
+    /// Drops everything [`open`](Self::open) created: the product table, the lock table
+    /// and its companions.
+    pub async fn remove(&self) -> Result<(), Error> {
+        self.locker.shutdown().await;
+        let mut conn = self.pool.acquire().await?;
+        for statement in DB::drop_statements(&self.table, self.locker.table()) {
+            DB::execute(&mut conn, &statement, &[]).await?;
+        }
+        Ok(())
     }
 
     /// Puts `stock` units of each of `products` products on the shelf, version 0.
