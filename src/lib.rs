@@ -1,4 +1,4 @@
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("../docs/crate.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -54,6 +54,11 @@ pub use sqlx::Sqlite;
 pub use dialect::SqlValue;
 pub use optimistic::{DEFAULT_MAX_ATTEMPTS, Decision, Outcome, Versioned, VersionedBuilder};
 pub use row_lock::{MAX_ROW_LOCK_KEYS, RowLockMode, RowLocker};
+
+/// The README's examples, compiled (and run where they can) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 /// dblock's internals, public only for its own benchmarks (they time the lock-table layer
 /// alone). Not part of the API: may change in any release.
