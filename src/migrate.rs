@@ -68,8 +68,9 @@ pub(crate) async fn run<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<usi
     runner.set_migration_table_name(format!("{table}_history"));
 
     let mut conn = pool.acquire().await?;
-    // The migration lock is session-scoped: if this future is dropped half-way, the
-    // connection must not go back to the pool still holding it.
+    // The run holds a lock (MySQL: a session-scoped GET_LOCK) or an open transaction
+    // (PostgreSQL, SQLite): if this future is dropped half-way, the connection must not
+    // go back to the pool still holding either; closed, it lets both go.
     conn.close_on_drop();
     DB::lock_migrations(&mut *conn, table).await?;
     let outcome = runner.run_async(&mut Adapter { conn: &mut conn }).await;

@@ -83,10 +83,13 @@ DELETE FROM {table} WHERE lock_key IN (
      ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED)
   AND expire_time < clock_timestamp()";
 
+// The whole run is one transaction holding a transaction-scoped advisory lock: it cannot
+// outlive its statements or split from them, so it works through a transaction pooler
+// (PgBouncer's transaction mode pins a transaction to one server connection), and a run
+// that fails or is cut off rolls back whole. Runs are still serialized across processes:
+// the second waits for the first to commit, then finds everything applied.
 const MIGRATION_LOCK: &str =
-    "SELECT pg_advisory_lock(hashtextextended('dblock-migrate:' || $1, 0))";
-const MIGRATION_UNLOCK: &str =
-    "SELECT pg_advisory_unlock(hashtextextended('dblock-migrate:' || $1, 0))";
+    "SELECT pg_advisory_xact_lock(hashtextextended('dblock-migrate:' || $1, 0))";
 
 impl super::sealed::Sealed for Postgres {}
 
@@ -220,6 +223,7 @@ impl LockSql for Postgres {
     }
 
     async fn lock_migrations(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
         sqlx::query(MIGRATION_LOCK)
             .bind(table)
             .execute(conn)
@@ -229,13 +233,11 @@ impl LockSql for Postgres {
 
     async fn unlock_migrations(
         conn: &mut PgConnection,
-        table: &str,
-        _commit: bool,
+        _table: &str,
+        commit: bool,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(MIGRATION_UNLOCK)
-            .bind(table)
-            .execute(conn)
-            .await?;
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        sqlx::raw_sql(end).execute(conn).await?;
         Ok(())
     }
 
