@@ -394,8 +394,9 @@ impl<DB: Backend> Inner<DB> {
             }
         };
         *backoff = Box::new(self.retry.delays());
-        let by_key = index_by_key(&rows);
         let mut lost = Vec::new();
+        let mut unsure = Vec::new();
+        let by_key = index_by_key(&rows);
         for lease in batch {
             if lease.lost_reason().is_some() {
                 // Declared lost at its deadline while the statement was in flight.
@@ -403,15 +404,36 @@ impl<DB: Backend> Inner<DB> {
                 continue;
             }
             match judge(lease, by_key.get(lease.key.as_str()).map(Vec::as_slice)) {
-                Verdict::Renewed(expires_at) => {
-                    lease.renewed(expires_at, sent_at, lease.length);
-                    Counters::bump(&self.counters.renewed);
-                    tracing::trace!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, %expires_at, "lease renewed");
+                // Ours but not renewed, before the earliest moment the database may
+                // consider it over: not an expiry, so the row changed under the
+                // statement (PostgreSQL's read of the batch sees the rows as they were
+                // when it began, a concurrent DELETE after). Ask once more, below.
+                Verdict::Lost(LostReason::Expired) if Instant::now() < lease.deadline() => {
+                    unsure.push(Arc::clone(lease));
                 }
-                Verdict::Lost(reason) => {
-                    lease.mark_lost(reason);
-                    lost.push(lease.id);
+                verdict => self.apply(lease, verdict, sent_at, &mut lost),
+            }
+        }
+        if !unsure.is_empty() {
+            let renewals: Vec<Renewal<'_>> = unsure
+                .iter()
+                .map(|lease| Renewal {
+                    id: lease.lock_id(),
+                    lease_micros: micros(lease.length),
+                })
+                .collect();
+            let sent_at = Instant::now();
+            Counters::bump(&self.counters.renewals);
+            match self.renew_by_deadlines(&unsure, &renewals).await {
+                Ok(rows) => {
+                    let by_key = index_by_key(&rows);
+                    for lease in &unsure {
+                        let rows = by_key.get(lease.key.as_str()).map(Vec::as_slice);
+                        self.apply(lease, judge(lease, rows), sent_at, &mut lost);
+                    }
                 }
+                // Left to the next pass, as after any failed batch.
+                Err(_) => Counters::bump(&self.counters.renewal_errors),
             }
         }
         if !lost.is_empty() {
@@ -420,6 +442,21 @@ impl<DB: Backend> Inner<DB> {
                 if let Some(lease) = state.leases.remove(&id) {
                     lease.set_renewing(false);
                 }
+            }
+        }
+    }
+
+    /// Records what a batch said about one lease; a lost one goes on `lost`.
+    fn apply(&self, lease: &Lease, verdict: Verdict, sent_at: Instant, lost: &mut Vec<u64>) {
+        match verdict {
+            Verdict::Renewed(expires_at) => {
+                lease.renewed(expires_at, sent_at, lease.length);
+                Counters::bump(&self.counters.renewed);
+                tracing::trace!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, %expires_at, "lease renewed");
+            }
+            Verdict::Lost(reason) => {
+                lease.mark_lost(reason);
+                lost.push(lease.id);
             }
         }
     }
