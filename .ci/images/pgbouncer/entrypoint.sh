@@ -9,7 +9,8 @@
 #   PGBOUNCER_MAX_PREPARED_STATEMENTS
 #                             protocol-level prepared statements tracked per client
 #                             (default 200; 0 turns the tracking off, as before 1.21)
-#   PGBOUNCER_DEFAULT_POOL_SIZE  server connections per database/user (default 20)
+#   PGBOUNCER_DEFAULT_POOL_SIZE  server connections per database/user (default 80: in
+#                             session mode every client holds one; the server allows 100)
 #   PGBOUNCER_MAX_CLIENT_CONN    client connections (default 1000)
 # Clients connect to port 6432 with any user name and no password (auth_type = any: every
 # connection logs in upstream as PGBOUNCER_UPSTREAM_USER); any database name is passed
@@ -29,7 +30,7 @@ fi
 : "${PGBOUNCER_UPSTREAM_USER:=postgres}"
 : "${PGBOUNCER_POOL_MODE:=transaction}"
 : "${PGBOUNCER_MAX_PREPARED_STATEMENTS:=200}"
-: "${PGBOUNCER_DEFAULT_POOL_SIZE:=20}"
+: "${PGBOUNCER_DEFAULT_POOL_SIZE:=80}"
 : "${PGBOUNCER_MAX_CLIENT_CONN:=1000}"
 case "$PGBOUNCER_POOL_MODE" in
   transaction | session) ;;
