@@ -129,6 +129,21 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
+    /// A connection pooler between dblock and PostgreSQL hands one client's prepared
+    /// statements to another: PgBouncer before 1.21 in transaction mode, or 1.21+ with
+    /// `max_prepared_statements = 0`. Such a pooler can also run the wrong statement
+    /// silently, so dblock is not safe behind it. Use session mode, or PgBouncer 1.21+
+    /// with `max_prepared_statements` above 0 (see the README, "Connection poolers").
+    #[error(
+        "a connection pooler mixed up prepared statements between sessions ({source}): dblock \
+         needs PgBouncer in session mode, or PgBouncer >= 1.21 with max_prepared_statements > 0 \
+         in transaction mode"
+    )]
+    PoolerMixesSessions {
+        /// What the database (through the pooler) said.
+        #[source]
+        source: sqlx::Error,
+    },
     /// No pooled connection could be had within the pool's acquire timeout.
     #[error("{}", pool_timeout_text(*open_connections, *max_connections))]
     PoolTimeout {

@@ -63,6 +63,7 @@ impl<DB: Backend> LockTable<DB> {
                 table: self.name.clone(),
                 source: err,
             },
+            err if DB::is_pooler_mixup(&err) => Error::PoolerMixesSessions { source: err },
             sqlx::Error::PoolTimedOut => Error::PoolTimeout {
                 open_connections: self.pool.size(),
                 max_connections: self.pool.options().get_max_connections(),

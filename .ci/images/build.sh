@@ -68,11 +68,24 @@ base() { # suite
   rm -rf "$dir"
 }
 
+# An image is rebuilt when its context (Dockerfile, entrypoint) or build arguments
+# changed since it was built: the build records their hash as a label.
+source_hash() { # context, build args...
+  local context=$1; shift
+  { (cd "$context" && find . -type f -print0 | sort -z | xargs -0 sha256sum); echo "$@"; } \
+    | sha256sum | cut -c1-16
+}
+
+current() { # name, hash
+  have "$1" && [ "$(docker image inspect -f '{{index .Config.Labels "dblock.source"}}' "$1")" = "$2" ]
+}
+
 image() { # name, context, base suite, build args...
   local name=$1 context=$2 suite=$3; shift 3
-  have "$name" && return 0
+  local hash; hash=$(source_hash "$context" "$suite" "$@")
+  current "$name" "$hash" && return 0
   base "$suite"
-  local args=(--build-arg "BASE=dblock/debian:$suite")
+  local args=(--build-arg "BASE=dblock/debian:$suite" --label "dblock.source=$hash")
   for a in "$@"; do args+=(--build-arg "$a"); done
   timed "build $name" "$(mktemp /tmp/dblock-image-build.XXXXXX)" \
     env DOCKER_BUILDKIT=0 docker build --force-rm -t "$name" "${args[@]}" "$context"

@@ -227,6 +227,12 @@ pub trait LockSql: Database {
     /// Whether the error says the lock table does not exist (not migrated yet).
     fn is_missing_table(err: &sqlx::Error) -> bool;
 
+    /// Whether the error is the mark of a connection pooler that hands one session's
+    /// prepared statements to another (PgBouncer before 1.21 in transaction mode).
+    fn is_pooler_mixup(_err: &sqlx::Error) -> bool {
+        false
+    }
+
     /// A connection of its own, outside `pool`, that keeps the database alive when it
     /// lives only while a connection to it is open (in-memory SQLite); `None` elsewhere.
     fn keep_alive(

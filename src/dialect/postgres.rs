@@ -217,6 +217,22 @@ impl LockSql for Postgres {
         }
     }
 
+    fn is_pooler_mixup(err: &sqlx::Error) -> bool {
+        // sqlx names its prepared statements per connection (sqlx_s_1, ...): behind a
+        // pooler that moves transactions between server connections without tracking
+        // them, a name is missing (26000) or already taken (42P05) on the server
+        // connection a statement lands on, or a different statement answers under it
+        // (08P01, "bind message supplies N parameters, but prepared statement requires M").
+        match err {
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                Some("26000" | "42P05") => db.message().contains("sqlx_s_"),
+                Some("08P01") => db.message().starts_with("bind message supplies"),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     fn is_missing_table(err: &sqlx::Error) -> bool {
         // undefined_table
         db_code(err).as_deref() == Some("42P01")

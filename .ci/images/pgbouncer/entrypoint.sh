@@ -12,6 +12,8 @@
 #   PGBOUNCER_DEFAULT_POOL_SIZE  server connections per database/user (default 80: in
 #                             session mode every client holds one; the server allows 100)
 #   PGBOUNCER_MAX_CLIENT_CONN    client connections (default 1000)
+#   PGBOUNCER_LISTEN_PORT     the port it listens on (default 6432; with --network host,
+#                             several PgBouncers side by side need ports of their own)
 # Clients connect to port 6432 with any user name and no password (auth_type = any: every
 # connection logs in upstream as PGBOUNCER_UPSTREAM_USER); any database name is passed
 # through. The admin console is the `pgbouncer` database (SHOW POOLS, SHOW CONFIG).
@@ -32,6 +34,7 @@ fi
 : "${PGBOUNCER_MAX_PREPARED_STATEMENTS:=200}"
 : "${PGBOUNCER_DEFAULT_POOL_SIZE:=80}"
 : "${PGBOUNCER_MAX_CLIENT_CONN:=1000}"
+: "${PGBOUNCER_LISTEN_PORT:=6432}"
 case "$PGBOUNCER_POOL_MODE" in
   transaction | session) ;;
   *) echo "Error: PGBOUNCER_POOL_MODE must be transaction or session" >&2; exit 1 ;;
@@ -44,7 +47,7 @@ cat >"$config" <<INI
 
 [pgbouncer]
 listen_addr = 0.0.0.0
-listen_port = 6432
+listen_port = $PGBOUNCER_LISTEN_PORT
 unix_socket_dir =
 auth_type = any
 admin_users = $PGBOUNCER_UPSTREAM_USER
