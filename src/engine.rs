@@ -368,16 +368,8 @@ impl<DB: Backend> Inner<DB> {
     }
 
     async fn renew(&self, batch: &[Arc<Lease>], backoff: &mut Backoff) {
-        let renewals: Vec<Renewal<'_>> = batch
-            .iter()
-            .map(|lease| Renewal {
-                id: lease.lock_id(),
-                lease_micros: micros(lease.length),
-            })
-            .collect();
         let sent_at = Instant::now();
-        Counters::bump(&self.counters.renewals);
-        let outcome = self.renew_by_deadlines(batch, &renewals).await;
+        let outcome = self.renew_by_deadlines(batch).await;
         let rows = match outcome {
             Ok(rows) => rows,
             Err(err) => {
@@ -415,16 +407,8 @@ impl<DB: Backend> Inner<DB> {
             }
         }
         if !unsure.is_empty() {
-            let renewals: Vec<Renewal<'_>> = unsure
-                .iter()
-                .map(|lease| Renewal {
-                    id: lease.lock_id(),
-                    lease_micros: micros(lease.length),
-                })
-                .collect();
             let sent_at = Instant::now();
-            Counters::bump(&self.counters.renewals);
-            match self.renew_by_deadlines(&unsure, &renewals).await {
+            match self.renew_by_deadlines(&unsure).await {
                 Ok(rows) => {
                     let by_key = index_by_key(&rows);
                     for lease in &unsure {
@@ -476,18 +460,22 @@ impl<DB: Backend> Inner<DB> {
     /// consider it over), so it is declared `Unreachable` then, while the statement goes
     /// on for the others. A statement still unanswered when the last lease of its batch
     /// reaches its deadline is abandoned (a black-holed connection never fails by itself).
-    async fn renew_by_deadlines(
-        &self,
-        batch: &[Arc<Lease>],
-        renewals: &[Renewal<'_>],
-    ) -> Result<Vec<RowState>, sqlx::Error> {
+    async fn renew_by_deadlines(&self, batch: &[Arc<Lease>]) -> Result<Vec<RowState>, sqlx::Error> {
+        let renewals: Vec<Renewal<'_>> = batch
+            .iter()
+            .map(|lease| Renewal {
+                id: lease.lock_id(),
+                lease_micros: micros(lease.length),
+            })
+            .collect();
+        Counters::bump(&self.counters.renewals);
         let mut deadlines: Vec<(Instant, &Arc<Lease>)> = batch
             .iter()
             .map(|lease| (lease.deadline(), lease))
             .collect();
         deadlines.sort_by_key(|(deadline, _)| *deadline);
         let mut pending = deadlines.as_slice();
-        let statement = self.table.renew(renewals);
+        let statement = self.table.renew(&renewals);
         tokio::pin!(statement);
         while let Some(&(deadline, _)) = pending.first() {
             tokio::select! {

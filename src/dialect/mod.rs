@@ -144,6 +144,21 @@ pub struct Inspected {
     pub expired: bool,
 }
 
+/// `(owner, fencing token, expiry, expired)`, the column order of every dialect's
+/// inspection query.
+impl From<(String, i64, DateTime<Utc>, bool)> for Inspected {
+    fn from(
+        (owner, fencing_token, expires_at, expired): (String, i64, DateTime<Utc>, bool),
+    ) -> Self {
+        Inspected {
+            owner,
+            fencing_token,
+            expires_at,
+            expired,
+        }
+    }
+}
+
 /// How an error from a lock-table statement is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contention {

@@ -229,14 +229,7 @@ impl LockSql for Sqlite {
             .bind(key)
             .fetch_optional(conn)
             .await?;
-        Ok(
-            row.map(|(owner, fencing_token, expires_at, expired)| Inspected {
-                owner,
-                fencing_token,
-                expires_at,
-                expired,
-            }),
-        )
+        Ok(row.map(Inspected::from))
     }
 
     fn contention(err: &sqlx::Error) -> Contention {
