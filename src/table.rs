@@ -203,9 +203,12 @@ impl<DB: Backend> LockTable<DB> {
     async fn keep_alive(&self) -> crate::Result<()> {
         let mut slot = self.keep_alive.lock().await;
         if slot.is_none() {
-            *slot = DB::keep_alive(&self.pool)
-                .await
-                .map_err(|err| self.explain(err))?;
+            let options = self.pool.connect_options();
+            let asked = async {
+                let mut conn = self.pool.acquire().await?;
+                DB::keep_alive(&mut conn, &options).await
+            };
+            *slot = asked.await.map_err(|err| self.explain(err))?;
         }
         Ok(())
     }

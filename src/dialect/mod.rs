@@ -248,10 +248,12 @@ pub trait LockSql: Database {
         false
     }
 
-    /// A connection of its own, outside `pool`, that keeps the database alive when it
-    /// lives only while a connection to it is open (in-memory SQLite); `None` elsewhere.
+    /// Asked on one of the pool's connections: a new connection, outside the pool (made
+    /// from its `options`), that keeps the database alive when it lives only while a
+    /// connection to it is open (in-memory SQLite); `None` elsewhere.
     fn keep_alive(
-        _pool: &sqlx::Pool<Self>,
+        _conn: &mut Self::Connection,
+        _options: &<Self::Connection as sqlx::Connection>::Options,
     ) -> impl Future<Output = Result<Option<Self::Connection>, sqlx::Error>> + Send {
         std::future::ready(Ok(None))
     }

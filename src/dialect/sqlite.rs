@@ -249,17 +249,19 @@ impl LockSql for Sqlite {
         matches!(err, sqlx::Error::Database(db) if db.message().starts_with("no such table"))
     }
 
-    async fn keep_alive(pool: &sqlx::Pool<Self>) -> Result<Option<SqliteConnection>, sqlx::Error> {
+    async fn keep_alive(
+        conn: &mut SqliteConnection,
+        options: &sqlx::sqlite::SqliteConnectOptions,
+    ) -> Result<Option<SqliteConnection>, sqlx::Error> {
         // An in-memory database has no file: `main` is listed with an empty one.
         let file: Option<String> =
             sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
-                .fetch_optional(pool)
+                .fetch_optional(conn)
                 .await?;
         if file.is_some_and(|file| !file.is_empty()) {
             return Ok(None);
         }
-        let conn = sqlx::ConnectOptions::connect(&*pool.connect_options()).await?;
-        Ok(Some(conn))
+        Ok(Some(sqlx::ConnectOptions::connect(options).await?))
     }
 
     async fn check_shared(conn: &mut SqliteConnection, table: &str) -> Result<(), sqlx::Error> {
