@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
-use tokio::time::Instant;
+use tokio::time::{Instant, sleep};
 
 use crate::dialect::{Acquired, Backend, Contention, LockId};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Won};
-use crate::retry::{Retry, retry};
+use crate::retry::{Backoff, Retry, retry};
 use crate::stats::Counters;
 use crate::table::LockTable;
 
@@ -179,9 +179,16 @@ impl<DB: Backend> Engine<DB> {
         }
     }
 
-    /// Calls `attempt` until it wins or `wait` has passed, sleeping the retry policy's
-    /// delays between attempts (holding no connection); a database error ends the wait
-    /// at once: an outage is not contention.
+    /// Calls `attempt` until it wins or `wait` has passed (holding no connection while
+    /// it waits); a database error ends the wait at once: an outage is not contention.
+    ///
+    /// Waiters of this Locker for one key queue in arrival order ([`LocalQueues`]): only
+    /// the head attempts, sleeping the retry policy's delays between attempts unless a
+    /// release of the key through this Locker, or its own arrival at the head, wakes it
+    /// sooner. So one process sends at most one attempt at a time per key, and a local
+    /// release hands the key to the next local waiter without a backoff sleep.
+    ///
+    /// [`LocalQueues`]: crate::queue::LocalQueues
     pub(crate) async fn wait_for<F>(
         &self,
         key: &str,
@@ -192,22 +199,35 @@ impl<DB: Backend> Engine<DB> {
         F: Future<Output = Result<Option<Arc<Lease>>>>,
     {
         let started = Instant::now();
-        let won = retry(self.retry_policy(), started + wait, |tries| {
-            let attempt = attempt();
-            async move {
-                match attempt.await {
-                    Ok(Some(lease)) => Ok(lease),
-                    Ok(None) => Err(Retry::Again(Ok(tries))),
-                    Err(err) => Err(Retry::Stop(Err(err))),
+        let deadline = started + wait;
+        let place = self.queues().join(key);
+        let mut backoff = Backoff::new(self.retry_policy(), deadline);
+        let mut attempts = 0u32;
+        loop {
+            // A zero wait is one attempt, queue or not: `try` semantics.
+            let pause = if place.is_head() || (wait.is_zero() && attempts == 0) {
+                attempts += 1;
+                if let Some(lease) = attempt().await? {
+                    return Ok(lease);
                 }
+                match backoff.next_pause() {
+                    Some(pause) => pause,
+                    None => break,
+                }
+            } else if Instant::now() < deadline {
+                deadline - Instant::now()
+            } else {
+                break;
+            };
+            tokio::select! {
+                _ = place.signalled() => {}
+                _ = sleep(pause) => {}
             }
-        })
-        .await;
-        let attempts = match won {
-            Ok(lease) => return Ok(lease),
-            Err(Err(err)) => return Err(err),
-            Err(Ok(attempts)) => attempts,
-        };
+            if Instant::now() >= deadline && !place.is_head() {
+                break;
+            }
+        }
+        drop(place);
         let waited = started.elapsed();
         // Who kept the key: worth one more read, the wait is over anyway.
         let holder = self.table().inspect(key).await.ok().flatten();

@@ -14,6 +14,7 @@ mod row_lock;
 mod acquire;
 mod engine;
 mod lease;
+mod queue;
 mod reaper;
 // The lock-table access layer (the only sender of lock-table SQL) and migrations.
 mod migrate;

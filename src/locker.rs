@@ -227,6 +227,14 @@ impl<DB: Backend> Locker<DB> {
         self.shared.engine.counters().snapshot()
     }
 
+    /// How many callers of this locker (and its clones and owners) are waiting in
+    /// [`acquire`](Self::acquire) for `key` right now. Waiters of one locker queue in
+    /// arrival order: only the first sends attempts, and a release of the key through
+    /// this locker hands it the turn at once.
+    pub fn waiting(&self, key: &str) -> usize {
+        self.shared.engine.queues().waiting(key)
+    }
+
     /// How many leases this locker's engine is renewing right now.
     pub fn renewing(&self) -> usize {
         self.shared.engine.renewing()
@@ -290,7 +298,9 @@ impl<DB: Backend> Locker<DB> {
 
     /// Takes `key` for `lease`, retrying with exponential backoff and full jitter (see
     /// [`RetryPolicy`]) until `wait` has passed, then fails with [`Error::Timeout`]. Holds
-    /// no pool connection while it sleeps. `wait` of zero makes a single attempt.
+    /// no pool connection while it sleeps. Callers waiting for the same key through this
+    /// locker queue in arrival order: only the first sends attempts, and a release of the
+    /// key through this locker wakes it at once (see [`waiting`](Self::waiting)). `wait` of zero makes a single attempt.
     /// Database errors end the wait at once: an outage is not contention.
     ///
     /// # Cancel safety

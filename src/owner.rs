@@ -94,6 +94,10 @@ impl<DB: Backend> Owner<DB> {
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
+        // Nested at once, never queued behind waiters for a key this owner holds.
+        if let Some(nested) = self.nest(key) {
+            return Ok(self.locker.guard(nested));
+        }
         let engine = &self.locker.shared.engine;
         let won = engine
             .wait_for(key, wait, async || self.attempt(key, lease).await)

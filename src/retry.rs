@@ -49,8 +49,9 @@ where
     unreachable!("u32 tries run out after years of retrying")
 }
 
-/// The pauses of [`retry`], for the one loop that cannot hand its tries to a closure
-/// (it calls the caller's own async closure, which only a plain loop can borrow).
+/// The pauses of [`retry`], for loops that cannot hand their tries to a closure (one
+/// calls the caller's own async closure, which only a plain loop can borrow; one races
+/// its pauses against a signal).
 pub(crate) struct Backoff {
     delays: Box<dyn Iterator<Item = std::time::Duration> + Send>,
     deadline: Instant,
@@ -67,18 +68,24 @@ impl Backoff {
     /// Sleeps the next delay, cut short at the deadline; `false` (at once) when the
     /// deadline has passed and the caller should give up.
     pub(crate) async fn pause(&mut self) -> bool {
-        let now = Instant::now();
-        if now >= self.deadline {
-            return false;
+        match self.next_pause() {
+            Some(pause) => {
+                sleep(pause).await;
+                true
+            }
+            None => false,
         }
-        sleep(
+    }
+
+    /// The next delay, cut short at the deadline; `None` when the deadline has passed.
+    pub(crate) fn next_pause(&mut self) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        (now < self.deadline).then(|| {
             self.delays
                 .next()
                 .unwrap_or_default()
-                .min(self.deadline - now),
-        )
-        .await;
-        true
+                .min(self.deadline - now)
+        })
     }
 }
 

@@ -9,6 +9,7 @@ mod lease;
 pub mod lease_env;
 mod migrate;
 mod ownership;
+mod queue;
 mod racing;
 mod waiting;
 
@@ -21,6 +22,7 @@ pub use interop::*;
 pub use lease::*;
 pub use migrate::*;
 pub use ownership::*;
+pub use queue::*;
 pub use racing::*;
 pub use waiting::*;
 
@@ -64,6 +66,7 @@ macro_rules! conformance_suite {
             release_after_expiry_says_so,
             missing_table_says_migrate,
             error_texts_are_actionable,
+            local_waiters_are_granted_in_arrival_order,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
             leases_of_different_lengths_renew_on_their_own_schedule,

@@ -1,0 +1,127 @@
+//! Local waiting queues: the waiters of one Locker for one key, in arrival order. Only
+//! the head of a queue sends acquisition attempts; a release of that key through the
+//! same Locker hands the head its turn at once (it still acquires through the database,
+//! so other processes are never bypassed), and a waiter that leaves (won, timed out,
+//! cancelled) hands the turn to the one behind it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+/// The queues of one Locker, by key.
+#[derive(Default)]
+pub(crate) struct LocalQueues {
+    keys: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    next_id: AtomicU64,
+}
+
+struct Waiter {
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+/// One waiter's place in its key's queue; dropping it leaves the queue.
+pub(crate) struct Place<'q> {
+    queues: &'q LocalQueues,
+    key: String,
+    id: u64,
+    wake: Arc<Notify>,
+}
+
+impl LocalQueues {
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Joins the back of `key`'s queue.
+    pub(crate) fn join(&self, key: &str) -> Place<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
+        self.keys()
+            .entry(key.to_owned())
+            .or_default()
+            .push_back(Waiter {
+                id,
+                wake: Arc::clone(&wake),
+            });
+        Place {
+            queues: self,
+            key: key.to_owned(),
+            id,
+            wake,
+        }
+    }
+
+    /// A lease on `key` of this Locker was released: the head of its queue tries now.
+    pub(crate) fn released(&self, key: &str) {
+        if let Some(head) = self.keys().get(key).and_then(VecDeque::front) {
+            head.wake.notify_one();
+        }
+    }
+
+    /// How many waiters are queued for `key`.
+    pub(crate) fn waiting(&self, key: &str) -> usize {
+        self.keys().get(key).map_or(0, VecDeque::len)
+    }
+}
+
+impl Place<'_> {
+    /// Whether this waiter is at the head of its queue (its turn to try).
+    pub(crate) fn is_head(&self) -> bool {
+        self.queues
+            .keys()
+            .get(&self.key)
+            .and_then(VecDeque::front)
+            .is_some_and(|head| head.id == self.id)
+    }
+
+    /// Completes when this waiter is told to look again: it became the head, or, as the
+    /// head, the key was released through this Locker. A signal sent while nobody was
+    /// listening is kept for the next call.
+    pub(crate) async fn signalled(&self) {
+        self.wake.notified().await;
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let mut keys = self.queues.keys();
+        let Some(queue) = keys.get_mut(&self.key) else {
+            return;
+        };
+        let was_head = queue.front().is_some_and(|head| head.id == self.id);
+        queue.retain(|waiter| waiter.id != self.id);
+        match queue.front() {
+            None => {
+                keys.remove(&self.key);
+            }
+            // The one behind takes the turn at once, whatever ended this waiter's wait.
+            Some(next) if was_head => next.wake.notify_one(),
+            Some(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_turn_passes_in_arrival_order_and_skips_who_left() {
+        let queues = LocalQueues::default();
+        let first = queues.join("k");
+        let second = queues.join("k");
+        let third = queues.join("k");
+        assert_eq!(queues.waiting("k"), 3);
+        assert!(first.is_head() && !second.is_head());
+        drop(second); // left from the middle: nobody's turn changes
+        assert!(first.is_head() && !third.is_head());
+        drop(first);
+        assert!(third.is_head());
+        drop(third);
+        assert_eq!(queues.waiting("k"), 0);
+        assert!(queues.keys().is_empty(), "an empty queue is removed");
+    }
+}

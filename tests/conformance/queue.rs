@@ -1,0 +1,69 @@
+//! Issue 10's local queue: waiters of one Locker for one key are granted in arrival
+//! order, and a waiter that leaves (cancelled) neither blocks nor delays the others.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dblock::Locker;
+use tokio::time::{Instant, sleep, timeout};
+
+use super::{LONG, PATIENCE};
+use crate::common::{TestBackend, TestDb};
+
+/// Waits until `locker` has `n` waiters queued for `key` (polled: the queue has no
+/// signal for "someone joined", and joining is what is being waited for).
+async fn queued<DB: TestBackend>(locker: &Locker<DB>, key: &str, n: usize) {
+    let give_up = Instant::now() + PATIENCE;
+    while locker.waiting(key) != n {
+        assert!(
+            Instant::now() < give_up,
+            "{} queued, expected {n}",
+            locker.waiting(key)
+        );
+        sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Sixteen tasks call `acquire` one after another (each once the previous is queued)
+/// while the key is held; the one in the middle is cancelled while it waits. The others
+/// are granted exactly in arrival order, each right after the one before released: the
+/// whole chain takes far less than the waiters' backoff would (each would otherwise sleep
+/// up to the policy's cap, 500 ms, between attempts).
+pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    const WAITERS: usize = 16;
+    const CANCELLED: usize = 8;
+    let key = "queued";
+    let locker = db.locker.clone();
+    let holder = locker.try_acquire(key, LONG).await.unwrap().unwrap();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for n in 0..WAITERS {
+        let (waiter, granted) = (locker.clone(), Arc::clone(&granted));
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.acquire(key, LONG, PATIENCE).await.unwrap();
+            granted.lock().unwrap().push(n);
+            guard.release().await.unwrap();
+        }));
+        queued(&locker, key, n + 1).await;
+    }
+    tasks[CANCELLED].abort();
+    queued(&locker, key, WAITERS - 1).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    for (n, task) in tasks.into_iter().enumerate() {
+        if n != CANCELLED {
+            timeout(PATIENCE, task).await.unwrap().unwrap();
+        }
+    }
+    let chain = released.elapsed();
+    let expected: Vec<usize> = (0..WAITERS).filter(|&n| n != CANCELLED).collect();
+    assert_eq!(*granted.lock().unwrap(), expected, "granted out of order");
+    // A handoff that fell back to the backoff would take hundreds of milliseconds;
+    // fifteen in a row then take seconds.
+    assert!(chain < Duration::from_secs(3), "15 handoffs took {chain:?}");
+    assert_eq!(locker.waiting(key), 0);
+    assert_eq!(locker.holder(key).await.unwrap(), None);
+}
