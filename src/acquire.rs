@@ -15,7 +15,7 @@ use crate::dialect::{Acquired, Backend, Contention, LockId};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Won};
-use crate::retry::{Backoff, Retry, retry};
+use crate::retry::{Backoff, Retry, by, retry};
 use crate::stats::Counters;
 use crate::table::LockTable;
 
@@ -32,6 +32,9 @@ pub(crate) struct Request<'a> {
 /// attempt that fails or is abandoned takes it into its clean-up, so that the owner's
 /// next attempt waits until no clean-up can delete it; otherwise the caller keeps it.
 pub(crate) type Gate = Option<OwnedMutexGuard<()>>;
+
+/// How long a timed-out wait may spend reading who held the key, for its error.
+const HOLDER_READ: Duration = Duration::from_millis(500);
 
 type Statement = Pin<Box<dyn Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send>>;
 
@@ -72,10 +75,11 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
             self.gate.take(),
         );
         self.engine.spawn_job(async move {
-            let outcome = statement.await;
+            let outcome = by(until, statement).await;
             let (table, key, owner, outcome) = (&*table, key.as_str(), owner.as_str(), &outcome);
             let clean = retry(&policy, until, |_| async move {
-                let done = match outcome {
+                let done = by(until, async {
+                    match outcome {
                     Ok(Some(won)) => {
                         let id = LockId {
                             key,
@@ -84,9 +88,11 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
                         };
                         table.release(id).await.map(drop)
                     }
-                    Ok(None) => Ok(()),
-                    Err(_) => table.release_if_owned(key, owner).await,
-                };
+                        Ok(None) => Ok(()),
+                        Err(_) => table.release_if_owned(key, owner).await,
+                    }
+                })
+                .await;
                 done.map_err(Retry::Again)
             })
             .await;
@@ -146,21 +152,35 @@ impl<DB: Backend> Engine<DB> {
                 tracing::trace!(key = request.key, error = %err, "lost an acquisition race");
                 Ok(None)
             }
+            Err(err) if in_flight.gate.is_some() => {
+                // A reentrant owner may try again with the same value as soon as it has
+                // the answer: clean up once, before answering, so that no clean-up can
+                // delete its next acquisition (the row expires if this try fails too).
+                let clean = by(
+                    until,
+                    self.table().release_if_owned(request.key, request.owner),
+                );
+                if clean.await.is_err() {
+                    tracing::warn!(
+                        key = request.key,
+                        owner = request.owner,
+                        "could not check for a row left by a failed acquisition; it will expire"
+                    );
+                }
+                Err(self.table().explain(err))
+            }
             Err(err) => {
                 // The reply was lost, not necessarily the statement, and the connection
                 // that lost it is likely down for a while. Answer now; the engine keeps
                 // trying to remove a row this owner may have committed until its lease
-                // would have ended anyway. A reentrant owner's gate stays shut until then,
-                // so that no clean-up can delete its next acquisition.
+                // would have ended anyway: nobody else will ever use this owner value.
                 let table = Arc::clone(self.table());
                 let policy = *self.retry_policy();
                 let (key, owner) = (request.key.to_owned(), request.owner.to_owned());
-                let gate = in_flight.gate.take();
                 self.spawn_job(async move {
                     let (table, key_ref, owner_ref) = (&*table, key.as_str(), owner.as_str());
                     let clean = retry(&policy, until, |_| async move {
-                        table
-                            .release_if_owned(key_ref, owner_ref)
+                        by(until, table.release_if_owned(key_ref, owner_ref))
                             .await
                             .map_err(Retry::Again)
                     })
@@ -172,7 +192,6 @@ impl<DB: Backend> Engine<DB> {
                             "could not check for a row left by a failed acquisition; it will expire"
                         );
                     }
-                    drop(gate);
                 });
                 Err(self.table().explain(err))
             }
@@ -229,8 +248,9 @@ impl<DB: Backend> Engine<DB> {
         }
         drop(place);
         let waited = started.elapsed();
-        // Who kept the key: worth one more read, the wait is over anyway.
-        let holder = self.table().inspect(key).await.ok().flatten();
+        // Who kept the key: worth one more read (briefly), the wait is over anyway.
+        let read = by(Instant::now() + HOLDER_READ, self.table().inspect(key));
+        let holder = read.await.ok().flatten();
         Err(Error::Timeout {
             key: key.to_owned(),
             waited,

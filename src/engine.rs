@@ -10,7 +10,8 @@
 //! lease is due, then renews, in one batch, every lease due within half its own interval:
 //! leases acquired at different moments fall into step after one interval, so a Locker
 //! sends one batch per interval in the steady state, and never more than two, however
-//! many leases it holds. A batch is one statement for up to
+//! many leases it holds (a batch in which a lease looked changed under the statement is
+//! asked once more, for those leases only). A batch is one statement for up to
 //! [`RENEW_CHUNK`](crate::table::RENEW_CHUNK) leases; on MySQL/MariaDB and SQLite a second
 //! one (a read of the batch's rows) follows only when some lease was not renewed, to say
 //! why.
@@ -19,8 +20,13 @@
 //! `TakenOver` (another owner or token in the row), `Deleted` (no row) or `Expired`. A
 //! failed statement is retried with the retry policy's backoff until each lease's own
 //! deadline (send time of its last success plus its lease), where that lease is declared
-//! `Unreachable`; a statement still unanswered at the earliest deadline of its batch is
-//! abandoned, so no loss is reported late.
+//! `Unreachable`, also while the statement is still in flight (it goes on for the
+//! others, and is abandoned when the last lease of its batch reaches its deadline), so no
+//! loss is reported late.
+//!
+//! A row locked by a transaction of the caller's (`assert_held`, until that transaction
+//! ends) holds up the whole batch, not only its own lease: keep such transactions short
+//! against the lease.
 //!
 //! # Life cycle
 //! The engine's task starts with the first renewed lease and stops when the Locker (its
@@ -45,7 +51,7 @@ use crate::dialect::{Backend, Contention, Renewal, RowState};
 use crate::error::LostReason;
 use crate::lease::{Lease, Won};
 use crate::queue::LocalQueues;
-use crate::retry::{Retry, retry};
+use crate::retry::{Retry, by, retry};
 use crate::stats::Counters;
 use crate::table::LockTable;
 
@@ -160,18 +166,12 @@ impl<DB: Backend> Engine<DB> {
         state.leases.insert(id, Arc::clone(&lease));
         state.last_interval = interval.max(MIN_IDLE);
         state.idle_wakes = 0;
+        drop(state);
+        self.ensure_started();
         // Only a lease due before the planned wake-up needs the task woken; otherwise it
         // is picked up then, early enough (a lease is renewed up to half an interval
         // early), and a tight acquire/release loop costs the engine no wake-up at all.
-        let wake = state.planned.is_none_or(|planned| due < planned);
-        if wake {
-            state.planned = Some(due);
-        }
-        drop(state);
-        self.ensure_started();
-        if wake {
-            inner.wake.notify_one();
-        }
+        self.wake_by(due);
         lease
     }
 
@@ -202,8 +202,11 @@ impl<DB: Backend> Engine<DB> {
         let inner = Arc::clone(&self.inner);
         self.spawn_job(async move {
             let (engine, held) = (&*inner, &*lease);
-            let released = retry(&engine.retry, held.deadline(), |_| async move {
-                engine.release(held).await.map_err(Retry::Again)
+            let deadline = held.deadline();
+            let released = retry(&engine.retry, deadline, |_| async move {
+                by(deadline, engine.release(held))
+                    .await
+                    .map_err(Retry::Again)
             })
             .await;
             if let Err(err) = released {
@@ -222,9 +225,28 @@ impl<DB: Backend> Engine<DB> {
         let sent_at = Instant::now();
         let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
         if let Some(expires_at) = expiry {
-            lease.renewed(expires_at, sent_at, length);
+            let due = lease.renewed(expires_at, sent_at, length);
+            // A shorter lease may be due before the engine's planned wake-up.
+            if lease.interval.is_some() {
+                self.wake_by(due);
+            }
         }
         Ok(expiry)
+    }
+
+    /// Makes sure the engine's task wakes by `due`.
+    fn wake_by(&self, due: Instant) {
+        let wake = {
+            let mut state = self.inner.state();
+            let wake = state.planned.is_none_or(|planned| due < planned);
+            if wake {
+                state.planned = Some(due);
+            }
+            wake
+        };
+        if wake {
+            self.inner.wake.notify_one();
+        }
     }
 
     /// Runs `job` in the background, owned by the engine: stopping the engine waits for it.
@@ -263,6 +285,15 @@ impl<DB: Backend> Drop for Engine<DB> {
     }
 }
 
+/// Stops renewal when the engine's task ends, however it ends.
+struct StopRenewing<'a, DB: Backend>(&'a Inner<DB>);
+
+impl<DB: Backend> Drop for StopRenewing<'_, DB> {
+    fn drop(&mut self) {
+        self.0.stop_renewing();
+    }
+}
+
 /// The engine's delays between failed renewal batches (reset after a success).
 type Backoff = Box<dyn Iterator<Item = Duration> + Send>;
 
@@ -278,6 +309,10 @@ impl<DB: Backend> Inner<DB> {
     }
 
     async fn run(self: Arc<Self>) {
+        // However the task ends (stopped, panicked, or dropped with its runtime), its
+        // leases stop counting on it: they lapse at their deadlines and say so, and no
+        // release waits for a pass that will never come.
+        let _stopped = StopRenewing(&self);
         let mut backoff: Backoff = Box::new(self.retry.delays());
         loop {
             let planned = self.plan();
@@ -301,6 +336,12 @@ impl<DB: Backend> Inner<DB> {
     /// Ends renewal of every lease (they lapse at their deadlines) and waits for the
     /// background jobs.
     async fn finish(&self) {
+        self.stop_renewing();
+        self.jobs.close();
+        self.jobs.wait().await;
+    }
+
+    fn stop_renewing(&self) {
         let leases: Vec<Arc<Lease>> = {
             let mut state = self.state();
             state.stopped = true;
@@ -309,8 +350,7 @@ impl<DB: Backend> Inner<DB> {
         for lease in leases {
             lease.set_renewing(false);
         }
-        self.jobs.close();
-        self.jobs.wait().await;
+        self.passes_done.send_replace(u64::MAX);
     }
 
     /// When to wake next: the earliest renewal or deadline; an idle engine keeps the last
@@ -426,7 +466,15 @@ impl<DB: Backend> Inner<DB> {
                     }
                 }
                 // Left to the next pass, as after any failed batch.
-                Err(_) => Counters::bump(&self.counters.renewal_errors),
+                Err(_) => {
+                    Counters::bump(&self.counters.renewal_errors);
+                    let retry_at = Instant::now() + backoff.next().unwrap_or_default();
+                    for lease in &unsure {
+                        let mut timing = lease.timing();
+                        timing.failing = true;
+                        timing.next_renewal = retry_at;
+                    }
+                }
             }
         }
         if !lost.is_empty() {
@@ -519,7 +567,7 @@ impl<DB: Backend> Inner<DB> {
             let mut done = self.passes_done.subscribe();
             done.wait_for(|done| *done >= in_pass).await.ok();
         }
-        let deleted = retry(&self.retry, lease.deadline(), |_| async {
+        let outcome = retry(&self.retry, lease.deadline(), |_| async {
             match self.table.release(lease.lock_id()).await {
                 // Busy (SQLite) or a lock wait: nothing was deleted, and the owner- and
                 // token-checked DELETE is safe to repeat while the lease lasts.
@@ -529,12 +577,14 @@ impl<DB: Backend> Inner<DB> {
                 outcome => outcome.map_err(Retry::Stop),
             }
         })
-        .await?;
+        .await;
+        // The next local waiter tries at once rather than at the end of its backoff
+        // (also when the DELETE failed: the lease may have ended anyway).
+        self.queues.released(&lease.key);
+        let deleted = outcome?;
         if deleted.is_some() {
             Counters::bump(&self.counters.released);
         }
-        // The next local waiter tries at once rather than at the end of its backoff.
-        self.queues.released(&lease.key);
         tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), "lock released");
         Ok(deleted)
     }

@@ -41,6 +41,8 @@ pub(crate) struct Timing {
     pub(crate) in_pass: u64,
     /// The lease was released: nothing more is to be reported about it.
     pub(crate) ended: bool,
+    /// When the latest statement recorded by [`Lease::renewed`] was sent.
+    pub(crate) last_sent: Instant,
 }
 
 /// One acquisition's row, shared by its guard(s) and the engine.
@@ -95,6 +97,7 @@ impl Lease {
                 renewing: false,
                 in_pass: 0,
                 ended: false,
+                last_sent: won.sent_at,
             }),
             holds: AtomicUsize::new(1),
             counters,
@@ -165,16 +168,43 @@ impl Lease {
 
     /// Records a new expiry reported by the database for a statement sent at `sent_at`
     /// that asked for `length`.
-    pub(crate) fn renewed(&self, expires_at: DateTime<Utc>, sent_at: Instant, length: Duration) {
-        {
+    ///
+    /// An answer to a statement sent before the last one recorded (a renewal batch that
+    /// crossed a manual `extend`) can only shorten the deadline: which of the two the
+    /// database applied last is unknown, so the earlier end is assumed. The next renewal
+    /// is due within `min(interval, length / 3)`, so a lease extended to less than the
+    /// renewal interval is still renewed in time. Returns when that is.
+    pub(crate) fn renewed(
+        &self,
+        expires_at: DateTime<Utc>,
+        sent_at: Instant,
+        length: Duration,
+    ) -> Instant {
+        let latest;
+        let due = {
             let mut timing = self.timing();
-            timing.deadline = sent_at + length;
-            timing.failing = false;
-            if let Some(interval) = self.interval {
-                timing.next_renewal = sent_at + interval;
+            let ends = sent_at + length;
+            latest = sent_at >= timing.last_sent;
+            if latest {
+                timing.last_sent = sent_at;
+                timing.deadline = ends;
+                timing.failing = false;
+                if let Some(interval) = self.interval {
+                    timing.next_renewal = sent_at + interval.min(length / 3);
+                }
+            } else {
+                timing.deadline = timing.deadline.min(ends);
             }
-        }
-        self.status.send_modify(|s| s.expires_at = expires_at);
+            timing.next_renewal.min(timing.deadline)
+        };
+        self.status.send_modify(|s| {
+            s.expires_at = if latest {
+                expires_at
+            } else {
+                s.expires_at.min(expires_at)
+            };
+        });
+        due
     }
 
     /// Says whether an engine renews the lease from now on, and wakes `lost()` waiters

@@ -49,6 +49,23 @@ where
     unreachable!("u32 tries run out after years of retrying")
 }
 
+/// Runs `statement`, but gives up at `deadline` with a timed-out I/O error: for work
+/// nobody waits on, whose answer is worthless past that moment (a black-holed connection
+/// never fails by itself).
+pub(crate) async fn by<T>(
+    deadline: Instant,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout_at(deadline, statement)
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer before the deadline",
+            )))
+        })
+}
+
 /// The pauses of [`retry`], for loops that cannot hand their tries to a closure (one
 /// calls the caller's own async closure, which only a plain loop can borrow; one races
 /// its pauses against a signal).

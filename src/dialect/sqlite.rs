@@ -192,10 +192,12 @@ impl LockSql for Sqlite {
                 renewed: true,
             })
             .collect();
+        let renewed: std::collections::HashSet<&str> =
+            rows.iter().map(|row| row.key.as_str()).collect();
         let missing: Vec<&str> = batch
             .iter()
             .map(|r| r.id.key)
-            .filter(|key| !rows.iter().any(|row| row.key == *key))
+            .filter(|key| !renewed.contains(key))
             .collect();
         if missing.is_empty() {
             return Ok(rows);

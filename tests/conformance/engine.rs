@@ -380,3 +380,34 @@ pub async fn leases_of_different_lengths_renew_on_their_own_schedule<DB: Outage>
     }
     assert_eq!(env.count_rows().await, 0);
 }
+
+/// `extend` to a lease shorter than the renewal interval: the engine renews it in time
+/// (within a third of the new lease), it is never lost, and a rival stays refused.
+pub async fn extended_to_a_short_lease_stays_renewed<DB: Outage>() {
+    let Some(env) = LeaseEnv::<DB>::open().await else {
+        return;
+    };
+    // 30 s lease, renewed every 10 s; then extended to 900 ms: due within 300 ms.
+    let guard = env
+        .locker()
+        .try_acquire("shortened", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    guard.extend(Duration::from_millis(900)).await.unwrap();
+    let rival = env.second_locker().await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        assert_eq!(guard.lost_reason(), None, "lost after a shortening extend");
+        assert!(
+            rival
+                .try_acquire("shortened", Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_none(),
+            "a rival got a key whose holder extended it"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    guard.release().await.unwrap();
+}
