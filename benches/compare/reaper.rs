@@ -32,16 +32,8 @@ enum Way {
     Background(u32),
 }
 
-/// A smaller batch than the default, to show what the batch's length does to the
-/// acquirers beside it.
-const SMALL_BATCH: u32 = 100;
-
 impl Way {
-    const ALL: [Way; 3] = [
-        Way::Once,
-        Way::Background(DEFAULT_REAP_BATCH),
-        Way::Background(SMALL_BATCH),
-    ];
+    const ALL: [Way; 2] = [Way::Once, Way::Background(DEFAULT_REAP_BATCH)];
 
     fn name(self) -> String {
         match self {
