@@ -369,7 +369,7 @@ fn markdown<DB: BenchDb>(runs: &[Measured], label: &str) -> String {
     );
     if runs.iter().any(|m| m.server_updates.is_some()) {
         row(
-            "server-side check: UPDATE statements/s (`Com_update`, server-wide)",
+            "server-side check: UPDATE statements/s (`Com_update` + `Com_update_multi`, server-wide)",
             &|m| {
                 m.server_updates.map_or("-".into(), |n| {
                     format!("{:.2}", n as f64 / m.window.as_secs_f64())
