@@ -1,8 +1,8 @@
-//! The task pattern of a dblock cycle, timed around one cheap real statement.
+//! The old design's task pattern (before issue 9's lease engine), timed around one cheap
+//! real statement, for reference: what the engine removed from the cycle.
 //!
-//! Section 1 shows dblock next to its own dialect layer called directly; what differs is
-//! `Locker` and `LockGuard`. Their work per cycle, read from src/locker.rs and
-//! src/lease.rs: validate the input, make an owner value, run the statement in a task of
+//! Before the engine, dblock's work per cycle was (src/locker.rs and src/lease.rs at
+//! 9d181ee): validate the input, make an owner value, run the statement in a task of
 //! its own and await its reply on a oneshot channel (cancel safety), spawn a watchdog task
 //! per lease (waiting on a cancellation token or its renewal timer), and on release
 //! cancel the watchdog and wait until it has stopped.
@@ -45,7 +45,7 @@ impl Part {
             Part::Bare => "the statement alone",
             Part::InTask => "+ run it in a spawned task, await a oneshot reply",
             Part::Watchdog => "+ spawn a watchdog after it, cancel it, await its stop",
-            Part::Both => "+ both, nested as dblock does (watchdog spawned by the task)",
+            Part::Both => "+ both, nested as the old design did (watchdog spawned by the task)",
         }
     }
 
@@ -161,7 +161,7 @@ pub async fn markdown(backend: &str, statement: Statement) -> String {
         ]);
     }
     format!(
-        "dblock's task pattern around one `SELECT 1` on {backend}, one task, {ROUNDS} \
+        "The old design's task pattern around one `SELECT 1` on {backend}, one task, {ROUNDS} \
          interleaved rounds of {OPS_PER_ROUND} (medians; `benches/compare/anatomy.rs`):\n\n{}\n",
         table.render()
     )

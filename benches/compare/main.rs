@@ -7,13 +7,15 @@
 //! Modules: `settings` (flags), `measure` (samples, rounds, timed loads), `servers`
 //! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
 //! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2,
-//! `hotkey`, `stock`, `renewal`, `reaper`), `anatomy` (dblock's task pattern timed on
-//! its own), `report` (markdown).
+//! `hotkey`, `stock`, `renewal`, `reaper`), `anatomy` (the old design's task pattern
+//! timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
+//! failures), `report` (markdown).
 
 mod anatomy;
 mod contenders;
 mod cycle;
 mod handwritten;
+mod heap;
 mod hotkey;
 mod measure;
 mod reaper;
@@ -22,6 +24,7 @@ mod report;
 mod servers;
 mod settings;
 mod stock;
+mod trace;
 // The stock example's workload and strategies, shared with the example and its tests.
 #[path = "../../examples/stock/mod.rs"]
 mod stock_example;
@@ -30,9 +33,13 @@ use std::time::{Duration, Instant};
 
 use settings::{Section, Settings};
 
+#[global_allocator]
+static ALLOCATOR: heap::Counting = heap::Counting;
+
 #[tokio::main]
 async fn main() {
     let settings = Settings::from_env_and_args();
+    trace::install();
     if let Err(drift) = handwritten::check_copies() {
         eprintln!("compare: {drift}");
         std::process::exit(1);

@@ -49,6 +49,15 @@ impl Samples {
         Duration::from_nanos(self.nanos[rank.clamp(1, self.nanos.len()) - 1])
     }
 
+    /// The share (0..=1) of samples longer than `limit`; zero when there are none.
+    pub fn share_above(&self, limit: Duration) -> f64 {
+        if self.nanos.is_empty() {
+            return 0.0;
+        }
+        let limit = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.iter().filter(|&&n| n > limit).count() as f64 / self.nanos.len() as f64
+    }
+
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.nanos.iter().copied().max().unwrap_or(0))
     }
@@ -108,8 +117,8 @@ pub struct Load {
     pub elapsed: Duration,
     /// CPU time the whole bench process used meanwhile (all threads).
     pub cpu: Duration,
-    /// Times the bench's threads were put on a CPU meanwhile: mostly wake-ups of a
-    /// parked runtime worker, each a context switch in and out.
+    /// Context switches of the bench's threads meanwhile (voluntary + nonvoluntary, see
+    /// [`process_cpu`]): each is one wake-up of a thread back onto a CPU.
     pub wakeups: u64,
     pub latencies: Samples,
 }
@@ -222,30 +231,50 @@ pub struct ProcessCpu {
     pub wakeups: u64,
 }
 
-/// Reads `/proc/self/task/*/schedstat`: time on CPU (nanoseconds; `/proc/self/stat` only
-/// counts 10 ms ticks) and the number of times each thread was put on a CPU. On a 2-core
-/// machine shared with the servers, client CPU per operation is what turns into lost
-/// throughput once the cores are busy, so these show where a library's overhead goes.
-/// Zeros where `/proc` is not available.
+/// Reads, for every thread of this process, `/proc/self/task/*/schedstat` (time on CPU in
+/// nanoseconds; `/proc/self/stat` only counts 10 ms ticks) and `/proc/self/task/*/status`
+/// (`voluntary_ctxt_switches` + `nonvoluntary_ctxt_switches`). A voluntary switch is a
+/// thread going to sleep (a runtime worker parking, to be woken when I/O or a task is
+/// ready); a nonvoluntary one is a thread preempted while runnable. Each is one switch
+/// out and, later, one wake-up back in, so their sum is the number of times the process
+/// was woken onto a CPU. Threads that exit within a measurement drop out of both readings
+/// (tokio's workers live for the whole run; no contender here spawns blocking threads).
+/// On a 2-core machine shared with the servers, client CPU and wake-ups per operation are
+/// what turns into lost throughput once the cores are busy. Zeros where `/proc` is not
+/// available.
 pub fn process_cpu() -> ProcessCpu {
     let Ok(threads) = std::fs::read_dir("/proc/self/task") else {
         return ProcessCpu::default();
     };
     let mut total = ProcessCpu::default();
     for thread in threads.flatten() {
-        let Ok(stat) = std::fs::read_to_string(thread.path().join("schedstat")) else {
-            continue;
-        };
-        // "<ns on cpu> <ns waiting for a cpu> <timeslices run>"
-        let mut fields = stat.split_whitespace().map(str::parse::<u64>);
-        if let (Some(Ok(on_cpu)), _, Some(Ok(slices))) =
-            (fields.next(), fields.next(), fields.next())
-        {
-            total.cpu += Duration::from_nanos(on_cpu);
-            total.wakeups += slices;
+        if let Ok(stat) = std::fs::read_to_string(thread.path().join("schedstat")) {
+            // "<ns on cpu> <ns waiting for a cpu> <timeslices run>"
+            if let Some(Ok(on_cpu)) = stat.split_whitespace().next().map(str::parse::<u64>) {
+                total.cpu += Duration::from_nanos(on_cpu);
+            }
+        }
+        if let Ok(status) = std::fs::read_to_string(thread.path().join("status")) {
+            for line in status.lines() {
+                let switches = line
+                    .strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"));
+                if let Some(Ok(n)) = switches.map(|v| v.trim().parse::<u64>()) {
+                    total.wakeups += n;
+                }
+            }
         }
     }
     total
+}
+
+/// Bytes the bench process has resident now (`/proc/self/statm`), zero where unknown.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        // 4 KiB pages (x86-64 and aarch64 Linux defaults).
+        .map_or(0, |pages| pages * 4096)
 }
 
 /// Runs `make(task)` for `tasks` tasks at once on the runtime and collects their results.

@@ -92,6 +92,15 @@ pub async fn mysql(url: &str) -> Result<Server<MySql>, sqlx::Error> {
 
 /// What the bench needs from each database beyond dblock itself.
 pub trait BenchDb: Backend {
+    /// Statements one renewal batch sends (per chunk of up to 10,000 leases): PostgreSQL's
+    /// one `UPDATE .. RETURNING`, MySQL's `UPDATE` and its read-back.
+    const STATEMENTS_PER_BATCH: u32;
+
+    /// The server's count of `UPDATE` statements, where one is current (MariaDB's
+    /// `Com_update` + `Com_update_multi`, server-wide); `None` where there is none to read (PostgreSQL without
+    /// `pg_stat_statements`).
+    fn update_statements_seen(admin: &Pool<Self>) -> impl Future<Output = Option<u64>> + Send;
+
     /// Whether [`updates_seen`](Self::updates_seen) is current (MariaDB's status
     /// counters) or lags until sessions report (PostgreSQL's statistics).
     const UPDATES_ARE_CURRENT: bool;
@@ -184,6 +193,11 @@ async fn run_my(pool: &MySqlPool, sql: String) -> Result<(), sqlx::Error> {
 
 impl BenchDb for Postgres {
     const UPDATES_ARE_CURRENT: bool = false;
+    const STATEMENTS_PER_BATCH: u32 = 1;
+
+    async fn update_statements_seen(_admin: &PgPool) -> Option<u64> {
+        None
+    }
 
     async fn settle(pool: &PgPool) {
         // Needs superuser or pg_checkpoint; without it, a pause has to do.
@@ -289,6 +303,15 @@ impl BenchDb for Postgres {
 
 impl BenchDb for MySql {
     const UPDATES_ARE_CURRENT: bool = true;
+    const STATEMENTS_PER_BATCH: u32 = 2;
+
+    async fn update_statements_seen(admin: &MySqlPool) -> Option<u64> {
+        // The renewal is a multi-table UPDATE (a JOIN with JSON_TABLE): those count in
+        // Com_update_multi, single-table ones in Com_update.
+        let single = global_status(admin, "Com_update").await.ok()?;
+        let multi = global_status(admin, "Com_update_multi").await.ok()?;
+        Some(single + multi)
+    }
 
     async fn settle(pool: &MySqlPool) {
         // InnoDB writes dirty pages back in the background; wait for most of them.

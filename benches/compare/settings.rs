@@ -12,7 +12,8 @@ Flags (each also an environment variable; the flag wins):
   --long                                        rounds 15, round-secs 3: for a quiet machine
   --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper
                                                 (default: all)
-  --guards N          DBLOCK_BENCH_GUARDS       guards held in the renewal section (default 1000)
+  --guards LIST       DBLOCK_BENCH_GUARDS       guards held through one Locker in the renewal
+                                                section, one run each (default 1000,10000)
   --reap-rows N       DBLOCK_BENCH_REAP_ROWS    expired rows per reaper round (default 100000)
   --out PATH          DBLOCK_BENCH_OUT          report file (default bench/RESULTS.md)
 Servers (empty or `off` skips one):
@@ -59,7 +60,7 @@ pub struct Settings {
     pub rounds: usize,
     pub round: Duration,
     pub sections: Vec<Section>,
-    pub guards: usize,
+    pub guards: Vec<usize>,
     pub reap_rows: u64,
     pub out: PathBuf,
     /// The flags as given, for the report's "how this was made" line.
@@ -84,7 +85,7 @@ impl Settings {
             rounds: 5,
             round: Duration::from_secs(1),
             sections: Section::ALL.to_vec(),
-            guards: 1000,
+            guards: vec![1000, 10_000],
             reap_rows: 100_000,
             out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/RESULTS.md")),
             args: Vec::new(),
@@ -100,7 +101,7 @@ impl Settings {
             s.sections = sections(&v);
         }
         if let Some(v) = env("DBLOCK_BENCH_GUARDS") {
-            s.guards = parse("DBLOCK_BENCH_GUARDS", &v);
+            s.guards = counts("DBLOCK_BENCH_GUARDS", &v);
         }
         if let Some(v) = env("DBLOCK_BENCH_REAP_ROWS") {
             s.reap_rows = parse("DBLOCK_BENCH_REAP_ROWS", &v);
@@ -125,7 +126,7 @@ impl Settings {
                     s.round = Duration::from_secs(3);
                 }
                 "--sections" => s.sections = sections(&value()),
-                "--guards" => s.guards = parse(&flag, &value()),
+                "--guards" => s.guards = counts(&flag, &value()),
                 "--reap-rows" => s.reap_rows = parse(&flag, &value()),
                 "--out" => s.out = PathBuf::from(value()),
                 "--help" | "-h" => {
@@ -135,7 +136,12 @@ impl Settings {
                 other => usage(&format!("unknown flag {other}")),
             }
         }
-        if s.rounds == 0 || s.round.is_zero() || s.guards == 0 || s.reap_rows == 0 {
+        if s.rounds == 0
+            || s.round.is_zero()
+            || s.guards.is_empty()
+            || s.guards.contains(&0)
+            || s.reap_rows == 0
+        {
             usage("rounds, round-secs, guards and reap-rows must be positive");
         }
         s.args = std::env::args()
@@ -163,6 +169,14 @@ fn parse<T: std::str::FromStr>(what: &str, value: &str) -> T {
     value
         .parse()
         .unwrap_or_else(|_| usage(&format!("{what}: cannot read {value:?}")))
+}
+
+fn counts(what: &str, list: &str) -> Vec<usize> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| parse(what, v))
+        .collect()
 }
 
 fn secs(what: &str, value: &str) -> Duration {
