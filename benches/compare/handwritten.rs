@@ -49,8 +49,9 @@ ON CONFLICT (lock_key) DO UPDATE
  WHERE held.expire_time <= clock_timestamp()
 RETURNING fencing_token, expire_time";
 
-const PG_RELEASE: &str =
-    "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3";
+const PG_RELEASE: &str = "\
+DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+RETURNING expire_time <= clock_timestamp()";
 
 // MySQL / MariaDB, from src/dialect/mysql.rs.
 const MY_ACQUIRE: &str = "\
@@ -65,8 +66,10 @@ ON DUPLICATE KEY UPDATE
 const MY_READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
 
-const MY_RELEASE: &str =
-    "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ? AND fencing_token = ?";
+// dblock's usual release: the DELETE of a live lease (a second DELETE follows in dblock
+// only when that finds nothing, to tell an expired row of ours from none).
+const MY_RELEASE: &str = "DELETE FROM {table}
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
 
 // The fencing check `LockGuard::assert_held` runs inside the caller's transaction (the
 // stock section's hand-written lock-table strategy sends it too).
@@ -100,7 +103,7 @@ pub fn check_copies() -> Result<(), String> {
         ("postgres.rs", PG_SOURCE, "RELEASE", PG_RELEASE),
         ("mysql.rs", MY_SOURCE, "ACQUIRE", MY_ACQUIRE),
         ("mysql.rs", MY_SOURCE, "READ_OWNER", MY_READ_OWNER),
-        ("mysql.rs", MY_SOURCE, "RELEASE", MY_RELEASE),
+        ("mysql.rs", MY_SOURCE, "RELEASE_LIVE", MY_RELEASE),
         ("postgres.rs", PG_SOURCE, "CHECK_FENCE", PG_CHECK_FENCE),
         ("mysql.rs", MY_SOURCE, "CHECK_FENCE", MY_CHECK_FENCE),
     ];
