@@ -28,30 +28,24 @@ fn assert_says_refused<T: std::fmt::Debug>(outcome: dblock::Result<T>) {
     }
 }
 
-#[tokio::test]
-async fn postgres_refused() {
-    let url = format!("postgres://postgres@127.0.0.1:{}/test", refusing_port());
-    let pool = sqlx::postgres::PgPoolOptions::new()
+/// A locker on `scheme://user@127.0.0.1:<refusing port>/test`, giving up after 300 ms.
+fn refused_locker<DB: dblock::Backend>(scheme_and_user: &str) -> Locker<DB> {
+    let url = format!("{scheme_and_user}@127.0.0.1:{}/test", refusing_port());
+    let pool = sqlx::pool::PoolOptions::<DB>::new()
         .acquire_timeout(Duration::from_millis(300))
         .connect_lazy(&url)
         .unwrap();
-    assert_says_refused(
-        Locker::new(pool)
-            .try_acquire("k", Duration::from_secs(5))
-            .await,
-    );
+    Locker::new(pool)
+}
+
+#[tokio::test]
+async fn postgres_refused() {
+    let locker = refused_locker::<sqlx::Postgres>("postgres://postgres");
+    assert_says_refused(locker.try_acquire("k", Duration::from_secs(5)).await);
 }
 
 #[tokio::test]
 async fn mysql_refused() {
-    let url = format!("mysql://root@127.0.0.1:{}/test", refusing_port());
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .acquire_timeout(Duration::from_millis(300))
-        .connect_lazy(&url)
-        .unwrap();
-    assert_says_refused(
-        Locker::new(pool)
-            .try_acquire("k", Duration::from_secs(5))
-            .await,
-    );
+    let locker = refused_locker::<sqlx::MySql>("mysql://root");
+    assert_says_refused(locker.try_acquire("k", Duration::from_secs(5)).await);
 }

@@ -144,6 +144,28 @@ pub struct Inspected {
     pub expired: bool,
 }
 
+/// `(key, owner, fencing token, expiry, renewed)`, the column order of the dialects'
+/// renewal answers.
+impl From<(String, String, i64, DateTime<Utc>, bool)> for RowState {
+    fn from(
+        (key, owner, fencing_token, expires_at, renewed): (
+            String,
+            String,
+            i64,
+            DateTime<Utc>,
+            bool,
+        ),
+    ) -> Self {
+        RowState {
+            key,
+            owner,
+            fencing_token,
+            expires_at,
+            renewed,
+        }
+    }
+}
+
 /// `(owner, fencing token, expiry, expired)`, the column order of every dialect's
 /// inspection query.
 impl From<(String, i64, DateTime<Utc>, bool)> for Inspected {

@@ -238,16 +238,11 @@ impl LockSql for MySql {
             .await?;
         Ok(rows
             .into_iter()
-            .map(
-                |(key, owner, fencing_token, expires_at, renewed)| RowState {
-                    // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
-                    key: String::from_utf8_lossy(&key).into_owned(),
-                    owner,
-                    fencing_token,
-                    expires_at,
-                    renewed: renewed != 0,
-                },
-            )
+            .map(|(key, owner, token, expires_at, renewed)| {
+                // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
+                let key = String::from_utf8_lossy(&key).into_owned();
+                RowState::from((key, owner, token, expires_at, renewed != 0))
+            })
             .collect())
     }
 

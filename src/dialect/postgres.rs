@@ -175,18 +175,7 @@ impl LockSql for Postgres {
                 .bind(micros)
                 .fetch_all(conn)
                 .await?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(key, owner, fencing_token, expires_at, renewed)| RowState {
-                    key,
-                    owner,
-                    fencing_token,
-                    expires_at,
-                    renewed,
-                },
-            )
-            .collect())
+        Ok(rows.into_iter().map(RowState::from).collect())
     }
 
     async fn inspect(

@@ -184,12 +184,8 @@ impl LockSql for Sqlite {
                 .await?;
         let mut rows: Vec<RowState> = renewed
             .into_iter()
-            .map(|(key, owner, fencing_token, expires_at)| RowState {
-                key,
-                owner,
-                fencing_token,
-                expires_at,
-                renewed: true,
+            .map(|(key, owner, token, expires_at)| {
+                RowState::from((key, owner, token, expires_at, true))
             })
             .collect();
         let renewed: std::collections::HashSet<&str> =
@@ -208,17 +204,9 @@ impl LockSql for Sqlite {
                 .bind(keys)
                 .fetch_all(conn)
                 .await?;
-        rows.extend(
-            others
-                .into_iter()
-                .map(|(key, owner, fencing_token, expires_at)| RowState {
-                    key,
-                    owner,
-                    fencing_token,
-                    expires_at,
-                    renewed: false,
-                }),
-        );
+        rows.extend(others.into_iter().map(|(key, owner, token, expires_at)| {
+            RowState::from((key, owner, token, expires_at, false))
+        }));
         Ok(rows)
     }
 
