@@ -75,32 +75,46 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
             self.gate.take(),
         );
         self.engine.spawn_job(async move {
-            let outcome = by(until, statement).await;
-            let (table, key, owner, outcome) = (&*table, key.as_str(), owner.as_str(), &outcome);
-            let clean = retry(&policy, until, |_| async move {
-                let done = by(until, async {
-                    match outcome {
-                    Ok(Some(won)) => {
-                        let id = LockId {
-                            key,
-                            owner,
-                            fencing_token: won.fencing_token,
-                        };
-                        table.release(id).await.map(drop)
-                    }
-                        Ok(None) => Ok(()),
-                        Err(_) => table.release_if_owned(key, owner).await,
-                    }
-                })
-                .await;
-                done.map_err(Retry::Again)
-            })
-            .await;
-            if let Err(err) = clean {
-                tracing::warn!(key, owner, error = %err, "could not remove the row of an abandoned acquisition; it will expire");
-            }
+            let token = match by(until, statement).await {
+                // Lost the race: nothing of ours to remove.
+                Ok(None) => return drop(gate),
+                Ok(Some(won)) => Some(won.fencing_token),
+                Err(_) => None,
+            };
+            remove_leftover(&table, &policy, &key, &owner, token, until).await;
             drop(gate);
         });
+    }
+}
+
+/// Removes the row an acquisition nobody will use may have left: the won row by its
+/// token, or (outcome unknown) whatever row `owner` holds for `key`; retried until
+/// `until`, when the lease would have ended anyway.
+async fn remove_leftover<DB: Backend>(
+    table: &LockTable<DB>,
+    policy: &crate::config::RetryPolicy,
+    key: &str,
+    owner: &str,
+    token: Option<i64>,
+    until: Instant,
+) {
+    let clean = retry(policy, until, |_| async move {
+        let removed = match token {
+            Some(fencing_token) => {
+                let id = LockId {
+                    key,
+                    owner,
+                    fencing_token,
+                };
+                by(until, table.release(id)).await.map(drop)
+            }
+            None => by(until, table.release_if_owned(key, owner)).await,
+        };
+        removed.map_err(Retry::Again)
+    })
+    .await;
+    if let Err(err) = clean {
+        tracing::warn!(key, owner, error = %err, "could not remove the row of an abandoned acquisition; it will expire");
     }
 }
 
@@ -178,20 +192,7 @@ impl<DB: Backend> Engine<DB> {
                 let policy = *self.retry_policy();
                 let (key, owner) = (request.key.to_owned(), request.owner.to_owned());
                 self.spawn_job(async move {
-                    let (table, key_ref, owner_ref) = (&*table, key.as_str(), owner.as_str());
-                    let clean = retry(&policy, until, |_| async move {
-                        by(until, table.release_if_owned(key_ref, owner_ref))
-                            .await
-                            .map_err(Retry::Again)
-                    })
-                    .await;
-                    if clean.is_err() {
-                        tracing::warn!(
-                            key,
-                            owner,
-                            "could not check for a row left by a failed acquisition; it will expire"
-                        );
-                    }
+                    remove_leftover(&table, &policy, &key, &owner, None, until).await;
                 });
                 Err(self.table().explain(err))
             }
