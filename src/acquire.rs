@@ -203,10 +203,13 @@ impl<DB: Backend> Engine<DB> {
     /// it waits); a database error ends the wait at once: an outage is not contention.
     ///
     /// Waiters of this Locker for one key queue in arrival order ([`LocalQueues`]): only
-    /// the head attempts, sleeping the retry policy's delays between attempts unless a
-    /// release of the key through this Locker, or its own arrival at the head, wakes it
-    /// sooner. So one process sends at most one attempt at a time per key, and a local
-    /// release hands the key to the next local waiter without a backoff sleep.
+    /// the head attempts, so one process sends at most one attempt at a time per key. A
+    /// head that lost asks to be woken by the release ([`LockTable::note_waiter`]: a
+    /// listener hears releases elsewhere on PostgreSQL, and releases through this Locker
+    /// wake it on every backend), then sleeps until the holder's lease ends or its backoff
+    /// runs out, whichever is sooner: the fallback when no wake-up comes. A waiter that
+    /// becomes the head because the one ahead won waits for that release, without an
+    /// attempt that must fail.
     ///
     /// [`LocalQueues`]: crate::queue::LocalQueues
     pub(crate) async fn wait_for<F>(
@@ -223,13 +226,36 @@ impl<DB: Backend> Engine<DB> {
         let place = self.queues().join(key);
         let mut backoff = Backoff::new(self.retry_policy(), deadline);
         let mut attempts = 0u32;
+        // Whether the head's next turn starts with an attempt: not while the key is held
+        // by the waiter that was ahead (its release says when).
+        let mut try_now = true;
+        let mut retried_free = false;
         loop {
+            let head = place.is_head();
             // A zero wait is one attempt, queue or not: `try` semantics.
-            let pause = if place.is_head() || (wait.is_zero() && attempts == 0) {
+            let pause = if (head && try_now) || (wait.is_zero() && attempts == 0) {
                 attempts += 1;
                 if let Some(lease) = attempt().await? {
+                    place.won();
                     return Ok(lease);
                 }
+                if wait.is_zero() {
+                    break;
+                }
+                let retry_free = !retried_free;
+                retried_free = false;
+                match self
+                    .after_loss(key, &mut backoff, deadline, retry_free)
+                    .await
+                {
+                    AfterLoss::TryAgain => {
+                        retried_free = true;
+                        continue;
+                    }
+                    AfterLoss::Sleep(pause) => pause,
+                    AfterLoss::GiveUp => break,
+                }
+            } else if head {
                 match backoff.next_pause() {
                     Some(pause) => pause,
                     None => break,
@@ -239,10 +265,10 @@ impl<DB: Backend> Engine<DB> {
             } else {
                 break;
             };
-            tokio::select! {
-                _ = place.signalled() => {}
-                _ = sleep(pause) => {}
-            }
+            try_now = tokio::select! {
+                held_ahead = place.signalled() => !held_ahead,
+                _ = sleep(pause) => true,
+            };
             if Instant::now() >= deadline && !place.is_head() {
                 break;
             }
@@ -260,4 +286,51 @@ impl<DB: Backend> Engine<DB> {
             held_until: holder.map(|h| h.expires_at),
         })
     }
+
+    /// After a lost attempt: asks the holder's release to wake this waiter and reads how
+    /// long the holder's lease has left, then says how long to sleep: the backoff's next
+    /// pause, or until the lease ends (plus a little jitter, so that waiters of several
+    /// processes do not all arrive at that instant) if that is sooner. A key found free
+    /// is tried again at once if `retry_free` (not twice in a row).
+    async fn after_loss(
+        &self,
+        key: &str,
+        backoff: &mut Backoff,
+        deadline: Instant,
+        retry_free: bool,
+    ) -> AfterLoss {
+        let Some(pause) = backoff.next_pause() else {
+            return AfterLoss::GiveUp;
+        };
+        // Only useful if a release can wake us; the listener is started by the first
+        // waiter that has to sleep, and wakes every head once it is up.
+        self.listen();
+        let noted = by(deadline, self.table().note_waiter(key)).await;
+        // With the listener up, the release wakes this waiter: the sleep is only the
+        // fallback for a notification lost on the way, so take the policy's longest.
+        let pause = match noted {
+            Ok(Some(_)) if self.listening() => backoff.longest().max(pause),
+            _ => pause,
+        };
+        match noted {
+            Ok(None) if retry_free => AfterLoss::TryAgain,
+            Ok(Some(left)) if left < pause => {
+                let jitter = EXPIRY_JITTER.mul_f64(fastrand::f64());
+                AfterLoss::Sleep(left + jitter)
+            }
+            // Held with a longer lease, free again soon after a short pause, or unknown
+            // (an error here is not the caller's: the next attempt reports an outage).
+            _ => AfterLoss::Sleep(pause),
+        }
+    }
 }
+
+/// What a head waiter does after a lost attempt.
+enum AfterLoss {
+    TryAgain,
+    Sleep(Duration),
+    GiveUp,
+}
+
+/// Most jitter added to a sleep until the holder's lease ends.
+const EXPIRY_JITTER: Duration = Duration::from_millis(5);

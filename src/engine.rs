@@ -53,7 +53,8 @@ use crate::lease::{Lease, Won};
 use crate::queue::LocalQueues;
 use crate::retry::{Retry, by, retry};
 use crate::stats::Counters;
-use crate::table::LockTable;
+use crate::table::{ConnectOptions, LockTable};
+use crate::wakeups::Wakeups;
 
 /// An idle engine (no lease held) keeps waking at the last lease's pace this many times
 /// before it sleeps until a lease arrives: a Locker that acquires and releases in a loop
@@ -81,6 +82,16 @@ struct Inner<DB: Backend> {
     task: Mutex<Option<JoinHandle<()>>>,
     /// This Locker's waiters, by key.
     queues: LocalQueues,
+    /// The listener that hears releases of other processes (PostgreSQL).
+    wakeups: Wakeups<DB>,
+}
+
+/// How an engine hears releases of other processes.
+pub(crate) struct Listen<DB: Backend> {
+    /// Whether to listen at all (only backends with notifications do).
+    pub(crate) on: bool,
+    /// The listener's own address; `None`: the pool's, if it is a session of its own.
+    pub(crate) options: Option<ConnectOptions<DB>>,
 }
 
 struct State {
@@ -97,7 +108,12 @@ struct State {
 }
 
 impl<DB: Backend> Engine<DB> {
-    pub(crate) fn new(table: LockTable<DB>, counters: Arc<Counters>, retry: RetryPolicy) -> Self {
+    pub(crate) fn new(
+        table: LockTable<DB>,
+        counters: Arc<Counters>,
+        retry: RetryPolicy,
+        listen: Listen<DB>,
+    ) -> Self {
         Engine {
             inner: Arc::new(Inner {
                 table: Arc::new(table),
@@ -118,6 +134,7 @@ impl<DB: Backend> Engine<DB> {
                 jobs: TaskTracker::new(),
                 task: Mutex::new(None),
                 queues: LocalQueues::default(),
+                wakeups: Wakeups::new(listen.on && DB::NOTIFIES, listen.options),
             }),
         }
     }
@@ -141,6 +158,28 @@ impl<DB: Backend> Engine<DB> {
     /// This Locker's waiting queues.
     pub(crate) fn queues(&self) -> &LocalQueues {
         &self.inner.queues
+    }
+
+    /// Starts the release listener if it is not running yet (it lives until the engine
+    /// stops); whether releases elsewhere wake this Locker's waiters right now.
+    pub(crate) fn listen(&self) -> bool {
+        let inner = &self.inner;
+        if inner.wakeups.claim_start() {
+            let job = Arc::clone(inner);
+            self.spawn_job(async move {
+                let inner = &*job;
+                inner
+                    .wakeups
+                    .run(&inner.table, &inner.queues, &inner.counters, &inner.stop)
+                    .await;
+            });
+        }
+        inner.wakeups.live()
+    }
+
+    /// Whether releases elsewhere wake this Locker's waiters right now.
+    pub(crate) fn listening(&self) -> bool {
+        self.inner.wakeups.live()
     }
 
     /// Leases this engine renews right now.
@@ -498,6 +537,8 @@ impl<DB: Backend> Inner<DB> {
             Verdict::Lost(reason) => {
                 lease.mark_lost(reason);
                 lost.push(lease.id);
+                // The key may be free (or someone else's): a local waiter looks.
+                self.queues.released(&lease.key);
             }
         }
     }
@@ -584,6 +625,7 @@ impl<DB: Backend> Inner<DB> {
         let deleted = outcome?;
         if deleted.is_some() {
             Counters::bump(&self.counters.released);
+            self.wakeups.released_here(lease.fencing_token);
         }
         tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), "lock released");
         Ok(deleted)

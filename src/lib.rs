@@ -16,6 +16,7 @@ mod engine;
 mod lease;
 mod queue;
 mod reaper;
+mod wakeups;
 // The lock-table access layer (the only sender of lock-table SQL) and migrations.
 mod migrate;
 mod table;

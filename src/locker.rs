@@ -13,14 +13,14 @@ use crate::config::{
     validate_range, validate_table_name,
 };
 use crate::dialect::Backend;
-use crate::engine::Engine;
+use crate::engine::{Engine, Listen};
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::owner::Owner;
 use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
 use crate::stats::{Counters, Stats};
-use crate::table::LockTable;
+use crate::table::{ConnectOptions, LockTable};
 
 /// What a [`Locker`] shares with its clones, guards and [`Owner`]s: the lease engine
 /// (which owns the lock table and the counters) and the options.
@@ -90,6 +90,8 @@ pub struct LockerBuilder<DB: Backend> {
     default_lease: Option<Duration>,
     renew_interval: Option<Duration>,
     auto_renew: bool,
+    listen: bool,
+    listener_options: Option<ConnectOptions<DB>>,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -139,6 +141,23 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
+    /// Whether waiters are woken by releases in other processes (PostgreSQL only: one
+    /// `LISTEN` connection per Locker, opened when a waiter first has to sleep, outside
+    /// the pool). Default: `true`. Without it, or on MySQL/MariaDB and SQLite, a waiter
+    /// whose lock is held elsewhere sleeps until the holder's lease ends or its backoff
+    /// runs out, whichever is sooner; releases through the same Locker wake its waiters
+    /// at once either way.
+    ///
+    /// The listener connects where the pool does, unless
+    /// [`listener_options`](LockerBuilder::listener_options) says otherwise, and only if
+    /// that connection is a session of its own: through a transaction pooler (PgBouncer
+    /// `pool_mode = transaction`) it would steal other clients' notifications, so there
+    /// it is not opened and waiters poll.
+    pub fn listen(mut self, on: bool) -> Self {
+        self.listen = on;
+        self
+    }
+
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
         validate_table_name(&self.table)?;
@@ -166,13 +185,34 @@ impl<DB: Backend> LockerBuilder<DB> {
         let table = LockTable::new(self.pool, self.table, self.retry);
         Ok(Locker {
             shared: Arc::new(Shared {
-                engine: Engine::new(table, Arc::new(Counters::default()), self.retry),
+                engine: Engine::new(
+                    table,
+                    Arc::new(Counters::default()),
+                    self.retry,
+                    Listen {
+                        on: self.listen,
+                        options: self.listener_options,
+                    },
+                ),
                 owner_prefix: self.owner_prefix,
                 default_lease,
                 renew_interval,
             }),
             auto_renew: self.auto_renew,
         })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl LockerBuilder<sqlx::Postgres> {
+    /// Where the release listener connects (see [`listen`](LockerBuilder::listen)),
+    /// instead of where the pool does. Give it when the pool goes through a transaction
+    /// pooler: a direct address of the server (or a session-mode pooler), so that waiters
+    /// in other processes are woken by releases rather than polling. Default: the pool's
+    /// address, used only if it proves to be a session of its own.
+    pub fn listener_options(mut self, options: sqlx::postgres::PgConnectOptions) -> Self {
+        self.listener_options = Some(options);
+        self
     }
 }
 
@@ -194,6 +234,8 @@ impl<DB: Backend> Locker<DB> {
             default_lease: None,
             renew_interval: None,
             auto_renew: true,
+            listen: true,
+            listener_options: None,
         }
     }
 
@@ -233,6 +275,14 @@ impl<DB: Backend> Locker<DB> {
     /// this locker hands it the turn at once.
     pub fn waiting(&self, key: &str) -> usize {
         self.shared.engine.queues().waiting(key)
+    }
+
+    /// Whether this locker's release listener is up (PostgreSQL; see
+    /// [`LockerBuilder::listen`]): releases in other processes then wake its waiters at
+    /// once. `false` until a waiter first has to sleep, while the listener reconnects,
+    /// and always on MySQL/MariaDB, SQLite, or behind a transaction pooler.
+    pub fn listening(&self) -> bool {
+        self.shared.engine.listening()
     }
 
     /// How many leases this locker's engine is renewing right now.

@@ -1,11 +1,13 @@
 //! Local waiting queues: the waiters of one Locker for one key, in arrival order. Only
 //! the head of a queue sends acquisition attempts; a release of that key through the
 //! same Locker hands the head its turn at once (it still acquires through the database,
-//! so other processes are never bypassed), and a waiter that leaves (won, timed out,
-//! cancelled) hands the turn to the one behind it.
+//! so other processes are never bypassed), and a waiter that leaves (timed out,
+//! cancelled) hands the turn to the one behind it. A waiter that leaves because it won
+//! hands the turn on too, but says the key is held: the one behind waits for the release
+//! instead of sending an attempt that must fail.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -19,7 +21,22 @@ pub(crate) struct LocalQueues {
 
 struct Waiter {
     id: u64,
+    turn: Turn,
+}
+
+/// How a waiter is told to look again.
+#[derive(Clone, Default)]
+struct Turn {
     wake: Arc<Notify>,
+    /// Set with the wake-up when the waiter ahead left because it won: the key is held.
+    held: Arc<AtomicBool>,
+}
+
+impl Turn {
+    fn give(&self, held: bool) {
+        self.held.store(held, Ordering::Release);
+        self.wake.notify_one();
+    }
 }
 
 /// One waiter's place in its key's queue; dropping it leaves the queue.
@@ -27,7 +44,9 @@ pub(crate) struct Place<'q> {
     queues: &'q LocalQueues,
     key: String,
     id: u64,
-    wake: Arc<Notify>,
+    turn: Turn,
+    /// Whether this waiter is leaving because it won.
+    won: bool,
 }
 
 impl LocalQueues {
@@ -38,26 +57,40 @@ impl LocalQueues {
     /// Joins the back of `key`'s queue.
     pub(crate) fn join(&self, key: &str) -> Place<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let wake = Arc::new(Notify::new());
+        let turn = Turn::default();
         self.keys()
             .entry(key.to_owned())
             .or_default()
             .push_back(Waiter {
                 id,
-                wake: Arc::clone(&wake),
+                turn: turn.clone(),
             });
         Place {
             queues: self,
             key: key.to_owned(),
             id,
-            wake,
+            turn,
+            won: false,
         }
     }
 
-    /// A lease on `key` of this Locker was released: the head of its queue tries now.
-    pub(crate) fn released(&self, key: &str) {
-        if let Some(head) = self.keys().get(key).and_then(VecDeque::front) {
-            head.wake.notify_one();
+    /// `key` was released (through this Locker, or elsewhere as a listener heard): the
+    /// head of its queue tries now. Whether anyone was waiting.
+    pub(crate) fn released(&self, key: &str) -> bool {
+        let keys = self.keys();
+        let head = keys.get(key).and_then(VecDeque::front);
+        if let Some(head) = head {
+            head.turn.give(false);
+        }
+        head.is_some()
+    }
+
+    /// Every head tries now: releases may have gone unheard (a listener reconnected).
+    pub(crate) fn wake_all(&self) {
+        for queue in self.keys().values() {
+            if let Some(head) = queue.front() {
+                head.turn.give(false);
+            }
         }
     }
 
@@ -78,10 +111,17 @@ impl Place<'_> {
     }
 
     /// Completes when this waiter is told to look again: it became the head, or, as the
-    /// head, the key was released through this Locker. A signal sent while nobody was
+    /// head, the key was released. `true` when it became the head because the waiter
+    /// ahead won (the key is held: wait for its release). A signal sent while nobody was
     /// listening is kept for the next call.
-    pub(crate) async fn signalled(&self) {
-        self.wake.notified().await;
+    pub(crate) async fn signalled(&self) -> bool {
+        self.turn.wake.notified().await;
+        self.turn.held.swap(false, Ordering::AcqRel)
+    }
+
+    /// Leaves the queue because this waiter won: the one behind is told the key is held.
+    pub(crate) fn won(mut self) {
+        self.won = true;
     }
 }
 
@@ -98,7 +138,7 @@ impl Drop for Place<'_> {
                 keys.remove(&self.key);
             }
             // The one behind takes the turn at once, whatever ended this waiter's wait.
-            Some(next) if was_head => next.wake.notify_one(),
+            Some(next) if was_head => next.turn.give(self.won),
             Some(_) => {}
         }
     }

@@ -71,6 +71,7 @@ pub(crate) async fn by<T>(
 /// its pauses against a signal).
 pub(crate) struct Backoff {
     delays: Box<dyn Iterator<Item = std::time::Duration> + Send>,
+    max: std::time::Duration,
     deadline: Instant,
 }
 
@@ -78,6 +79,7 @@ impl Backoff {
     pub(crate) fn new(policy: &RetryPolicy, deadline: Instant) -> Self {
         Backoff {
             delays: Box::new(policy.delays()),
+            max: policy.max,
             deadline,
         }
     }
@@ -92,6 +94,15 @@ impl Backoff {
             }
             None => false,
         }
+    }
+
+    /// A draw from the policy's longest delay (`max` with the same jitter, but at least
+    /// half of it), cut short at the deadline: the sleep of a waiter that expects to be
+    /// woken and only guards against a wake-up that never comes.
+    pub(crate) fn longest(&self) -> std::time::Duration {
+        let max = self.max;
+        let pause = max.mul_f64(0.5 + fastrand::f64() / 2.0);
+        pause.min(self.deadline.saturating_duration_since(Instant::now()))
     }
 
     /// The next delay, cut short at the deadline; `None` when the deadline has passed.

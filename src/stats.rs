@@ -25,6 +25,12 @@ pub struct Stats {
     pub lost: u64,
     /// Expired rows deleted by [`reap_expired`](crate::Locker::reap_expired) and reapers.
     pub reaped: u64,
+    /// Releases in other processes (or other Lockers) that the listener heard and that
+    /// woke a waiter of this locker (PostgreSQL).
+    pub wakeups: u64,
+    /// Times the release listener connected (PostgreSQL): 1 once it is up, more after
+    /// it lost its connection and opened it again.
+    pub listener_connects: u64,
 }
 
 #[derive(Default)]
@@ -37,6 +43,8 @@ pub(crate) struct Counters {
     pub(crate) renewal_errors: AtomicU64,
     pub(crate) lost: AtomicU64,
     pub(crate) reaped: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
+    pub(crate) listener_connects: AtomicU64,
 }
 
 impl Counters {
@@ -54,6 +62,8 @@ impl Counters {
             renewal_errors: self.renewal_errors.load(Relaxed),
             lost: self.lost.load(Relaxed),
             reaped: self.reaped.load(Relaxed),
+            wakeups: self.wakeups.load(Relaxed),
+            listener_connects: self.listener_connects.load(Relaxed),
         }
     }
 }

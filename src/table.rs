@@ -13,7 +13,9 @@ use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
 
 use crate::config::{RetryPolicy, micros};
-use crate::dialect::{Acquired, Backend, Contention, Inspected, LockId, Renewal, RowState};
+use crate::dialect::{
+    Acquired, Backend, Contention, Inspected, ListenerOptions, LockId, Releases, Renewal, RowState,
+};
 use crate::error::Error;
 use crate::retry::{Retry, retry};
 
@@ -21,6 +23,10 @@ use crate::retry::{Retry, retry};
 /// or one JSON document (MySQL, SQLite) of about 100 bytes a lease, so 10,000 leases are
 /// about 1 MB, well inside MySQL's default 16 MB packet; more leases take more chunks.
 pub(crate) const RENEW_CHUNK: usize = 10_000;
+
+/// The connect options of a backend's connections.
+pub(crate) type ConnectOptions<DB> =
+    <<DB as sqlx::Database>::Connection as sqlx::Connection>::Options;
 
 /// How many times a statement rolled back as a deadlock victim is sent again.
 const DEADLOCK_RETRIES: u32 = 10;
@@ -155,6 +161,36 @@ impl<DB: Backend> LockTable<DB> {
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<Inspected>, sqlx::Error> {
         self.run(|mut conn| async move { DB::inspect(&mut conn, &self.sql, key).await })
             .await
+    }
+
+    /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL)
+    /// and reads how long the holder's lease has left by the database clock; `None` when
+    /// the key has no row.
+    pub(crate) async fn note_waiter(&self, key: &str) -> Result<Option<Duration>, sqlx::Error> {
+        let left = self
+            .run(|mut conn| async move { DB::note_waiter(&mut conn, &self.sql, key).await })
+            .await?;
+        Ok(left.map(|micros| Duration::from_micros(u64::try_from(micros).unwrap_or(0))))
+    }
+
+    /// Opens a listener for this table's releases, on its own connection: at `given`
+    /// options, or at the pool's (then checked to be a session of its own). `None` when
+    /// the backend has no notifications or the connection is not a session of its own.
+    pub(crate) async fn listen(
+        &self,
+        given: Option<&ConnectOptions<DB>>,
+    ) -> Result<Option<Box<dyn Releases>>, sqlx::Error> {
+        let listener = match given {
+            Some(options) => ListenerOptions {
+                options: options.clone(),
+                given: true,
+            },
+            None => ListenerOptions {
+                options: (*self.pool.connect_options()).clone(),
+                given: false,
+            },
+        };
+        DB::listen(listener, &self.name).await
     }
 
     /// Deletes at most `batch` expired rows.

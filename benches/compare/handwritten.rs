@@ -51,7 +51,8 @@ RETURNING fencing_token, expire_time";
 
 const PG_RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
-RETURNING expire_time <= clock_timestamp()";
+RETURNING expire_time <= clock_timestamp(),
+          CASE WHEN waiters THEN pg_notify('dblock:{table}', fencing_token || ':' || lock_key) IS NULL END";
 
 // MySQL / MariaDB, from src/dialect/mysql.rs.
 const MY_ACQUIRE: &str = "\

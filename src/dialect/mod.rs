@@ -181,6 +181,34 @@ impl From<(String, i64, DateTime<Utc>, bool)> for Inspected {
     }
 }
 
+/// Where a release listener connects.
+pub struct ListenerOptions<DB: Database> {
+    /// The connect options.
+    pub options: <DB::Connection as sqlx::Connection>::Options,
+    /// Whether the caller named this address for the listener (trusted to be a session
+    /// of its own), rather than dblock taking the pool's, which may lead to a pooler.
+    pub given: bool,
+}
+
+/// A release a listener heard: the row of `key` with `fencing_token` was deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The key, free now.
+    pub key: String,
+    /// The token of the row that went (which tells a Locker's own releases apart).
+    pub fencing_token: i64,
+}
+
+/// The releases a listener hears, one at a time.
+pub trait Releases: Send {
+    /// The next release. `Ok(None)`: the connection was lost and has been opened again,
+    /// and releases in between may have been missed. An error: the listener is broken;
+    /// drop it and listen anew.
+    fn next(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Released>, sqlx::Error>> + Send + '_>>;
+}
+
 /// How an error from a lock-table statement is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Contention {
@@ -199,6 +227,9 @@ pub enum Contention {
 pub trait LockSql: Database {
     /// Every lock-table statement of this dialect, with the table name spliced in once.
     type Statements: Send + Sync + 'static;
+
+    /// Whether deleting a row a waiter marked notifies a listener ([`LockSql::listen`]).
+    const NOTIFIES: bool = false;
 
     /// The migration files as `(refinery file name, SQL template with `{table}`)`.
     const MIGRATIONS: &'static [(&'static str, &'static str)];
@@ -257,6 +288,27 @@ pub trait LockSql: Database {
         sql: &Self::Statements,
         batch: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL
+    /// marks the row, and deleting a marked row notifies) and reads how long the holder's
+    /// lease has left by the database clock, in microseconds (0 once it has run out).
+    /// `None` when the key has no row: it is free, try again at once.
+    fn note_waiter(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+
+    /// Opens a connection of its own that hears the releases of `table` (PostgreSQL
+    /// `LISTEN`). `Ok(None)` when the backend has no notifications (MySQL, SQLite), or
+    /// when the connection turns out not to be a session of its own (a transaction
+    /// pooler in between): then waiters poll.
+    fn listen(
+        _options: ListenerOptions<Self>,
+        _table: &str,
+    ) -> impl Future<Output = Result<Option<Box<dyn Releases>>, sqlx::Error>> + Send {
+        std::future::ready(Ok(None))
+    }
 
     /// Reads an error of a lock-table statement.
     fn contention(err: &sqlx::Error) -> Contention;

@@ -28,6 +28,7 @@ pub struct Statements {
     read_batch: Sql,
     inspect: Sql,
     reap: Sql,
+    note_waiter: Sql,
 }
 
 // Assignments run left to right and later ones see the new values: `lock_value` changes
@@ -92,6 +93,11 @@ SELECT lock_value, fencing_token, expire_time, CAST(expire_time <= NOW(6) AS SIG
 
 const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expire_time LIMIT ?";
 
+// No notifications here: a waiter only learns how long the holder's lease has left.
+const NOTE_WAITER: &str = "\
+SELECT GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), expire_time)) FROM {table}
+ WHERE lock_key = ?";
+
 const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('dblock-migrate:', ?), 600)";
 const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('dblock-migrate:', ?))";
 
@@ -138,6 +144,7 @@ impl LockSql for MySql {
             read_batch: batch_sql(READ_BATCH, table),
             inspect: sql(INSPECT, table),
             reap: sql(REAP, table),
+            note_waiter: sql(NOTE_WAITER, table),
         }
     }
 
@@ -244,6 +251,17 @@ impl LockSql for MySql {
                 RowState::from((key, owner, token, expires_at, renewed != 0))
             })
             .collect())
+    }
+
+    async fn note_waiter(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.note_waiter))
+            .bind(key)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn inspect(

@@ -27,6 +27,7 @@ pub struct Statements {
     read_keys: Sql,
     inspect: Sql,
     reap: Sql,
+    note_waiter: Sql,
 }
 
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
@@ -74,6 +75,11 @@ const INSPECT: &str = "\
 SELECT lock_value, fencing_token, expire_time, expire_time <= {now}
   FROM {table} WHERE lock_key = ?1";
 
+// No notifications here: a waiter only learns how long the holder's lease has left.
+const NOTE_WAITER: &str = "\
+SELECT MAX(0, CAST(ROUND((julianday(expire_time) - julianday({now})) * 86400000000) AS INTEGER))
+  FROM {table} WHERE lock_key = ?1";
+
 const REAP: &str = "\
 DELETE FROM {table} WHERE rowid IN (
     SELECT rowid FROM {table} WHERE expire_time < {now} ORDER BY expire_time LIMIT ?1)";
@@ -110,6 +116,7 @@ impl LockSql for Sqlite {
             read_keys: sqlite_sql(READ_KEYS, table),
             inspect: sqlite_sql(INSPECT, table),
             reap: sqlite_sql(REAP, table),
+            note_waiter: sqlite_sql(NOTE_WAITER, table),
         }
     }
 
@@ -208,6 +215,17 @@ impl LockSql for Sqlite {
             RowState::from((key, owner, token, expires_at, false))
         }));
         Ok(rows)
+    }
+
+    async fn note_waiter(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.note_waiter))
+            .bind(key)
+            .fetch_optional(conn)
+            .await
     }
 
     async fn inspect(

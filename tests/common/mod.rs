@@ -36,6 +36,8 @@ impl From<i64> for Arg {
 pub trait TestBackend: Backend {
     /// The name used in messages and in `DBLOCK_TEST_REQUIRE`.
     const LABEL: &'static str;
+    /// How many migration files the backend has (`migrations/<backend>/`).
+    const MIGRATION_FILES: usize;
     /// The database clock as a plain client writes it.
     const NOW: &'static str;
 
@@ -101,7 +103,11 @@ impl<DB: TestBackend> TestDb<DB> {
     pub async fn open() -> Option<Self> {
         let db = Self::open_unmigrated().await?;
         let applied = db.locker.migrate().await.expect("migrate a fresh table");
-        assert_eq!(applied, 1, "the first migrate of a fresh table applies V1");
+        assert_eq!(
+            applied,
+            DB::MIGRATION_FILES,
+            "the first migrate of a fresh table applies every migration"
+        );
         Some(db)
     }
 

@@ -1,0 +1,177 @@
+//! Wake-ups across processes: one listener connection per Locker, owned by its engine,
+//! that hears the releases of the lock table (PostgreSQL `LISTEN`; MySQL/MariaDB and
+//! SQLite have no notifications, and their waiters poll).
+//!
+//! A waiter that lost an attempt marks the row it waits for (`note_waiter`); deleting a
+//! marked row (release, reaper) sends a notification at commit, and the listener hands
+//! the head of that key's local queue its turn at once. Correctness never depends on a
+//! notification: every waiter still sleeps at most until the holder's known expiry or its
+//! capped backoff, so a lost one costs that fallback wait, no more.
+//!
+//! The listener starts with the first waiter that has to sleep, and lives until the
+//! engine stops. A dropped connection is opened again (with a capped backoff) and every
+//! head is woken then, since releases may have gone unheard meanwhile. Behind a
+//! transaction pooler, where `LISTEN` would reach other clients instead, the listener is
+//! not opened at all unless it was given an address of its own.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+use tokio_util::sync::CancellationToken;
+
+use crate::dialect::{Backend, Released};
+use crate::queue::LocalQueues;
+use crate::retry::by;
+use crate::stats::Counters;
+use crate::table::{ConnectOptions, LockTable};
+
+/// How long one try to open the listener may take.
+const CONNECT_LIMIT: Duration = Duration::from_secs(10);
+/// Pauses between tries to open the listener again: doubling from the first to the last.
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// How many of this Locker's own releases are remembered, so that their notifications
+/// (which arrive after the local queue was already told) do not wake a waiter twice.
+const OWN_RELEASES: usize = 4096;
+
+const OFF: u8 = 0;
+const NOT_STARTED: u8 = 1;
+const CONNECTING: u8 = 2;
+const LIVE: u8 = 3;
+const UNAVAILABLE: u8 = 4;
+
+/// The listener of one Locker: whether it runs, and what it must not report twice.
+pub(crate) struct Wakeups<DB: Backend> {
+    state: AtomicU8,
+    /// Where to connect, when the caller gave an address of its own.
+    options: Option<ConnectOptions<DB>>,
+    own: Mutex<OwnReleases>,
+}
+
+#[derive(Default)]
+struct OwnReleases {
+    order: VecDeque<i64>,
+    tokens: HashSet<i64>,
+}
+
+impl<DB: Backend> Wakeups<DB> {
+    /// `listen`: whether to open a listener at all; `options`: its own address.
+    pub(crate) fn new(listen: bool, options: Option<ConnectOptions<DB>>) -> Self {
+        Wakeups {
+            state: AtomicU8::new(if listen { NOT_STARTED } else { OFF }),
+            options,
+            own: Mutex::new(OwnReleases::default()),
+        }
+    }
+
+    /// Whether releases elsewhere reach this Locker's waiters right now.
+    pub(crate) fn live(&self) -> bool {
+        self.state.load(Ordering::Acquire) == LIVE
+    }
+
+    /// Claims the start of the listener: `true` exactly once, for the caller that must
+    /// spawn [`run`](Self::run).
+    pub(crate) fn claim_start(&self) -> bool {
+        self.state
+            .compare_exchange(NOT_STARTED, CONNECTING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Remembers that this Locker released the row with `fencing_token`: its
+    /// notification, when it comes, is not news.
+    pub(crate) fn released_here(&self, fencing_token: i64) {
+        if self.state.load(Ordering::Acquire) == OFF {
+            return;
+        }
+        let mut own = self.own();
+        if own.tokens.insert(fencing_token) {
+            own.order.push_back(fencing_token);
+        }
+        while own.order.len() > OWN_RELEASES {
+            if let Some(oldest) = own.order.pop_front() {
+                own.tokens.remove(&oldest);
+            }
+        }
+    }
+
+    fn own(&self) -> MutexGuard<'_, OwnReleases> {
+        self.own.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a heard release came from this Locker (forgetting it: it is heard once).
+    fn was_own(&self, released: &Released) -> bool {
+        // Its entry in `order` stays until it is the oldest: removing it is a no-op then.
+        self.own().tokens.remove(&released.fencing_token)
+    }
+
+    /// The listener's loop, until `stop`: opens the listener, hands every heard release
+    /// of another Locker to the local queues, and opens it again when it breaks.
+    pub(crate) async fn run(
+        &self,
+        table: &LockTable<DB>,
+        queues: &LocalQueues,
+        counters: &Counters,
+        stop: &CancellationToken,
+    ) {
+        let mut pause = RECONNECT_FIRST;
+        loop {
+            self.state.store(CONNECTING, Ordering::Release);
+            let opened = by(
+                Instant::now() + CONNECT_LIMIT,
+                table.listen(self.options.as_ref()),
+            );
+            let opened = tokio::select! {
+                _ = stop.cancelled() => return,
+                opened = opened => opened,
+            };
+            match opened {
+                Ok(Some(mut releases)) => {
+                    self.state.store(LIVE, Ordering::Release);
+                    Counters::bump(&counters.listener_connects);
+                    pause = RECONNECT_FIRST;
+                    tracing::debug!(table = table.name(), "listening for releases");
+                    // Releases before the listener was up went unheard: everyone looks.
+                    queues.wake_all();
+                    loop {
+                        let heard = tokio::select! {
+                            _ = stop.cancelled() => return,
+                            heard = releases.next() => heard,
+                        };
+                        match heard {
+                            Ok(Some(released)) => {
+                                if !self.was_own(&released) && queues.released(&released.key) {
+                                    Counters::bump(&counters.wakeups);
+                                }
+                            }
+                            Ok(None) => {
+                                Counters::bump(&counters.listener_connects);
+                                queues.wake_all();
+                            }
+                            Err(err) => {
+                                tracing::warn!(table = table.name(), error = %err, "the release listener broke; waiters poll until it is back");
+                                break;
+                            }
+                        }
+                    }
+                    self.state.store(CONNECTING, Ordering::Release);
+                    queues.wake_all();
+                }
+                Ok(None) => {
+                    self.state.store(UNAVAILABLE, Ordering::Release);
+                    return;
+                }
+                Err(err) => {
+                    tracing::debug!(table = table.name(), error = %err, "could not open the release listener; trying again");
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = sleep(pause) => {}
+            }
+            pause = (pause * 2).min(RECONNECT_MAX);
+        }
+    }
+}
