@@ -65,7 +65,7 @@ async fn connect_server<DB: sqlx::Database>(options: PoolOptions<DB>, url: &str)
 
 impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
-    const MIGRATION_FILES: usize = 2;
+    const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "now()";
 
     fn locate() -> Result<String, Unavailable> {
@@ -99,7 +99,7 @@ impl TestBackend for Postgres {
 
 impl TestBackend for MySql {
     const LABEL: &'static str = "mysql";
-    const MIGRATION_FILES: usize = 1;
+    const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "NOW()";
 
     fn locate() -> Result<String, Unavailable> {
@@ -132,7 +132,7 @@ impl TestBackend for MySql {
 
 impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
-    const MIGRATION_FILES: usize = 1;
+    const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "datetime('now')";
 
     /// Every test gets a file of its own.

@@ -2,6 +2,7 @@
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
 mod engine;
+mod fair;
 mod first_hour;
 mod inputs;
 mod interop;
@@ -16,6 +17,7 @@ mod waiting;
 use std::time::Duration;
 
 pub use engine::*;
+pub use fair::*;
 pub use first_hour::*;
 pub use inputs::*;
 pub use interop::*;
@@ -67,6 +69,7 @@ macro_rules! conformance_suite {
             missing_table_says_migrate,
             error_texts_are_actionable,
             local_waiters_are_granted_in_arrival_order,
+            fair_grants_follow_ticket_order,
             extended_to_a_short_lease_stays_renewed,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
