@@ -7,7 +7,9 @@
 //! it for the round; meanwhile [`WAITERS`] tasks wait for it, with a wait longer than the
 //! round: dblock's `acquire` (a local queue: only its head sends attempts) or the old
 //! design's polling loop ([`poll_acquire`]) on the same Locker and pool. At the round's
-//! end the waiters are dropped (cancelled), then the holder releases.
+//! end the waiters are dropped (cancelled), then the holder releases. A third contender,
+//! the holder alone, gives the floor: what the holder's own statements (and the pool's)
+//! cost without any waiter.
 //!
 //! Statements per second on the server: the difference of two readings of
 //! [`BenchDb::statements_seen`] on a connection of its own, one before the holder
@@ -27,7 +29,7 @@ use sqlx::Pool;
 use tokio::time::Instant;
 
 use crate::handwritten::new_owner;
-use crate::hotkey::{WAIT, poll_acquire};
+use crate::hotkey_tasks::{WAIT, poll_acquire};
 use crate::measure::{median, spread, turn_order};
 use crate::report::{Table, count, ms, ratio, verdict};
 use crate::servers::{BenchDb, Server, pool_settings};
@@ -53,6 +55,8 @@ const TARGET_FACTOR: f64 = 10.0;
 enum Mode {
     Dblock,
     Poll,
+    /// The holder without waiters: the floor (acquisition, renewals, release).
+    Alone,
 }
 
 impl Mode {
@@ -60,7 +64,12 @@ impl Mode {
         match self {
             Mode::Dblock => "dblock acquire (local queue)",
             Mode::Poll => "polling: try_acquire + jittered backoff (old design)",
+            Mode::Alone => "holder alone, no waiters (the floor)",
         }
+    }
+
+    fn waiters(self) -> usize {
+        if self == Mode::Alone { 0 } else { WAITERS }
     }
 }
 
@@ -125,14 +134,14 @@ async fn round<DB: BenchDb>(
         .await?
         .ok_or("the holder did not get a fresh key")?;
     let held = Instant::now();
-    let waiters: Vec<_> = (0..WAITERS)
+    let waiters: Vec<_> = (0..mode.waiters())
         .map(|_| {
             let locker = locker.clone();
             let key = key.to_owned();
             tokio::spawn(async move {
                 let won = match mode {
-                    Mode::Dblock => locker.acquire(&key, LEASE, WAIT).await,
                     Mode::Poll => poll_acquire(&locker, &key, LEASE).await,
+                    _ => locker.acquire(&key, LEASE, WAIT).await,
                 };
                 match won {
                     Ok(guard) => {
@@ -208,9 +217,9 @@ pub async fn cell<DB: BenchDb>(
     tokio::time::sleep(DB::STATISTICS_LAG).await;
 
     let length = settings.round.max(MIN_ROUND);
-    let modes = [Mode::Dblock, Mode::Poll];
+    let modes = [Mode::Dblock, Mode::Poll, Mode::Alone];
     let run = new_owner()[..8].to_owned();
-    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(), Vec::new()];
+    let mut rounds: Vec<Vec<Round>> = modes.iter().map(|_| Vec::new()).collect();
     for r in 0..settings.rounds {
         eprintln!(
             "hotkey: {}, 100 waiters, round {}/{}",
@@ -248,13 +257,17 @@ pub async fn cell<DB: BenchDb>(
             mode.name().to_owned(),
             count(median(rs.iter().map(Round::statements_per_sec))),
             count(median(rs.iter().map(|r| r.attempts as f64 / r.secs))),
-            format!(
-                "{:.2}",
-                median(
-                    rs.iter()
-                        .map(|r| r.statements as f64 / r.attempts.max(1) as f64)
+            if mode.waiters() == 0 {
+                "-".to_owned()
+            } else {
+                format!(
+                    "{:.2}",
+                    median(
+                        rs.iter()
+                            .map(|r| r.statements as f64 / r.attempts.max(1) as f64)
+                    )
                 )
-            ),
+            },
             format!("{renewed} / {expected}"),
             ms(rs.iter().map(|r| r.least_left).min().unwrap_or_default()),
             format!(
@@ -262,7 +275,11 @@ pub async fn cell<DB: BenchDb>(
                 rs.iter().filter(|r| r.on_time()).count(),
                 rs.len()
             ),
-            rs.iter().map(|r| r.won).sum::<u64>().to_string(),
+            if mode.waiters() == 0 {
+                "-".to_owned()
+            } else {
+                rs.iter().map(|r| r.won).sum::<u64>().to_string()
+            },
             errors.to_string(),
         ]);
     }

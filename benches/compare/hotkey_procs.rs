@@ -19,7 +19,7 @@ use sqlx::Pool;
 use tokio::time::Instant;
 
 use crate::handwritten::new_owner;
-use crate::hotkey::{Side, contend};
+use crate::hotkey_tasks::{Side, contend};
 use crate::measure::{Samples, median, spread};
 use crate::report::{Table, count, ms, ms_f, verdict};
 use crate::servers::{BenchDb, Server};
@@ -37,6 +37,7 @@ const TASKS_PER_PROCESS: usize = 4;
 /// Time for both workers to start, connect and open their connections before the start.
 const START_AFTER: Duration = Duration::from_millis(2000);
 /// Issue 10's targets for this cell.
+/// Two processes: the less served one has at least the low end, so both are in range.
 const SHARE_RANGE: (f64, f64) = (0.40, 0.60);
 const TARGET_P99: Duration = Duration::from_millis(100);
 
@@ -250,12 +251,10 @@ pub async fn cell<DB: BenchDb>(
         "attempts per acquisition",
         "errors to callers (acquire / release)",
     ]);
-    let mut shares_met = true;
     let mut p99s = Vec::new();
     for p in 0..PROCESSES {
         let shares: Vec<f64> = rounds.iter().map(|round| share(round, p)).collect();
         let share_median = median(shares.iter().copied());
-        shares_met &= (SHARE_RANGE.0..=SHARE_RANGE.1).contains(&share_median);
         let (lo, hi) = spread(shares.iter().copied());
         let p99 = median(
             rounds
@@ -291,13 +290,25 @@ pub async fn cell<DB: BenchDb>(
     }
     let mut out = table.render();
     out.push('\n');
+    // Which process is favoured can change from round to round: judge each round by
+    // its less served process, whichever that was.
+    let least: Vec<f64> = rounds
+        .iter()
+        .map(|round| (0..PROCESSES).map(|p| share(round, p)).fold(1.0, f64::min))
+        .collect();
+    let least_median = median(least.iter().copied());
+    let (lo, hi) = spread(least.iter().copied());
     let _ = writeln!(
         out,
-        "- Target: each process's share of the acquisitions {:.0}-{:.0} % -> {} (median of \
-         the per-round shares; lowest-highest round in brackets).",
+        "- Target: each process's share of the acquisitions {:.0}-{:.0} % -> {} (the less \
+         served process of each round had {:.0} %, median of rounds; {:.0}-{:.0} % across \
+         rounds).",
         SHARE_RANGE.0 * 100.0,
         SHARE_RANGE.1 * 100.0,
-        verdict(shares_met),
+        verdict(least_median >= SHARE_RANGE.0),
+        least_median * 100.0,
+        lo * 100.0,
+        hi * 100.0,
     );
     let p99_met = p99s.iter().all(|&p| p <= TARGET_P99.as_secs_f64());
     let p99_verdict = if DB::NAME == "PostgreSQL" {
