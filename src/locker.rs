@@ -373,15 +373,22 @@ impl<DB: Backend> Locker<DB> {
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
-    /// Takes `key` for `lease`, retrying with exponential backoff and full jitter (see
-    /// [`RetryPolicy`]) until `wait` has passed, then fails with [`Error::Timeout`]. Holds
-    /// no pool connection while it sleeps. Callers waiting for the same key through this
-    /// locker queue in arrival order: only the first sends attempts, and a release of the
-    /// key through this locker wakes it at once (see [`waiting`](Self::waiting)). `wait` of zero makes a single attempt.
-    /// Database errors end the wait at once: an outage is not contention.
+    /// Takes `key` for `lease`, waiting up to `wait`, then fails with [`Error::Timeout`].
+    /// `wait` of zero makes a single attempt. Database errors end the wait at once: an
+    /// outage is not contention. Holds no pool connection while it sleeps.
+    ///
+    /// Callers waiting for the same key through this locker queue in arrival order: only
+    /// the first sends attempts, and a release of the key through this locker wakes it at
+    /// once (see [`waiting`](Self::waiting)). On PostgreSQL a release elsewhere wakes it
+    /// too, through the locker's listener ([`LockerBuilder::listen`]). Without a wake-up
+    /// it sleeps until the holder's lease ends (database clock) or the next backoff
+    /// delay ([`RetryPolicy`]: exponential, full jitter, capped) runs out, whichever is
+    /// sooner. A [fair](LockerBuilder::fair) locker orders waiters of all processes by
+    /// tickets instead.
     ///
     /// # Cancel safety
-    /// Cancel safe, as [`try_acquire`](Self::try_acquire).
+    /// Cancel safe, as [`try_acquire`](Self::try_acquire). A cancelled waiter leaves the
+    /// queue at once (in fair mode its ticket is deleted in the background).
     pub async fn acquire(
         &self,
         key: &str,
