@@ -438,9 +438,12 @@ async fn open_listener(
     Ok(Some(Box::new(PgReleases(pg))))
 }
 
-/// PgBouncer's answer to a startup setting it does not track.
+/// The server (or a pooler) refused the connection with an error of its own rather than
+/// being unreachable: PgBouncer answers a startup setting it does not track with
+/// `unsupported startup parameter` (before 1.20) or `unsupported options startup
+/// parameter` (1.20 and later). Either way the pool's address is no place for LISTEN.
 fn refuses_startup_setting(err: &sqlx::Error) -> bool {
-    matches!(err, sqlx::Error::Database(db) if db.message().contains("unsupported startup parameter"))
+    matches!(err, sqlx::Error::Database(_))
 }
 
 struct PgReleases(PgListener);
