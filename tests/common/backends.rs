@@ -67,6 +67,7 @@ impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "now()";
+    const HEARS_RELEASES: bool = true;
 
     fn locate() -> Result<String, Unavailable> {
         servers::postgres_url()
@@ -101,6 +102,7 @@ impl TestBackend for MySql {
     const LABEL: &'static str = "mysql";
     const MIGRATION_FILES: usize = 1;
     const NOW: &'static str = "NOW()";
+    const HEARS_RELEASES: bool = false;
 
     fn locate() -> Result<String, Unavailable> {
         servers::mysql_url()
@@ -134,6 +136,7 @@ impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
     const MIGRATION_FILES: usize = 1;
     const NOW: &'static str = "datetime('now')";
+    const HEARS_RELEASES: bool = false;
 
     /// Every test gets a file of its own.
     fn locate() -> Result<String, Unavailable> {

@@ -12,6 +12,7 @@ mod ownership;
 mod queue;
 mod racing;
 mod waiting;
+mod wakeups;
 
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ pub use ownership::*;
 pub use queue::*;
 pub use racing::*;
 pub use waiting::*;
+pub use wakeups::*;
 
 /// A lease that never runs out during a test.
 const LONG: Duration = Duration::from_secs(30);
@@ -71,6 +73,9 @@ macro_rules! conformance_suite {
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
             leases_of_different_lengths_renew_on_their_own_schedule,
+            releases_elsewhere_wake_waiters,
+            killed_listener_comes_back,
+            waiters_hold_no_connection,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
