@@ -69,6 +69,7 @@ macro_rules! conformance_suite {
             missing_table_says_migrate,
             error_texts_are_actionable,
             local_waiters_are_granted_in_arrival_order,
+            handed_off_waiters_wait_for_the_release,
             extended_to_a_short_lease_stays_renewed,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
