@@ -64,6 +64,10 @@ pub trait TestBackend: Backend {
     /// Removes whatever is left of `location` once its pools are gone (SQLite files).
     fn forget(location: &str);
 
+    /// Whether a connection to `location` is a session of its own, so that a release
+    /// listener may be opened there (see [`TestDb::hears_releases`]).
+    fn sessions_of_their_own(location: &str) -> impl Future<Output = bool> + Send;
+
     /// Runs one statement; the number of rows it affected.
     fn exec(
         pool: &Pool<Self>,
@@ -145,6 +149,14 @@ impl<DB: TestBackend> TestDb<DB> {
             locker,
             plain,
         })
+    }
+
+    /// Whether waiters of this database are woken by releases in other Lockers: the
+    /// backend notifies ([`TestBackend::HEARS_RELEASES`]) and its address is a server
+    /// session of its own. Behind a pooler (CI runs the PostgreSQL suite through
+    /// PgBouncer too) dblock does not open its listener, and waiters poll.
+    pub async fn hears_releases(&self) -> bool {
+        DB::HEARS_RELEASES && DB::sessions_of_their_own(&self.location).await
     }
 
     /// A second, independent pool on the same database (another "process").
