@@ -26,6 +26,9 @@ pub(crate) struct Request<'a> {
     pub(crate) lease: Duration,
     /// Renew every this often; `None`: no renewal.
     pub(crate) renew: Option<Duration>,
+    /// Fair mode: the waiter's ticket (`None`: it has none, and any live ticket of the
+    /// key is ahead of it).
+    pub(crate) ticket: Option<i64>,
 }
 
 /// A reentrant owner's gate, shut while its owner value is in use by an attempt. An
@@ -126,6 +129,12 @@ impl<DB: Backend> Engine<DB> {
         request: Request<'_>,
         gate: &mut Gate,
     ) -> Result<Option<Arc<Lease>>> {
+        if self.tickets().is_some() {
+            let ahead = self.table().earlier_ticket(request.key, request.ticket);
+            if ahead.await.map_err(|err| self.table().explain(err))? {
+                return Ok(None);
+            }
+        }
         Counters::bump(&self.counters().attempts);
         let sent_at = Instant::now();
         let until = sent_at + request.lease;
@@ -216,11 +225,14 @@ impl<DB: Backend> Engine<DB> {
         &self,
         key: &str,
         wait: Duration,
-        mut attempt: impl FnMut() -> F,
+        mut attempt: impl FnMut(Option<i64>) -> F,
     ) -> Result<Arc<Lease>>
     where
         F: Future<Output = Result<Option<Arc<Lease>>>>,
     {
+        if let Some(tickets) = self.tickets() {
+            return self.wait_fair(key, wait, tickets, attempt).await;
+        }
         let started = Instant::now();
         let deadline = started + wait;
         let place = self.queues().join(key);
@@ -235,7 +247,7 @@ impl<DB: Backend> Engine<DB> {
             // A zero wait is one attempt, queue or not: `try` semantics.
             let pause = if (head && try_now) || (wait.is_zero() && attempts == 0) {
                 attempts += 1;
-                if let Some(lease) = attempt().await? {
+                if let Some(lease) = attempt(None).await? {
                     place.won();
                     return Ok(lease);
                 }
@@ -274,17 +286,22 @@ impl<DB: Backend> Engine<DB> {
             }
         }
         drop(place);
+        Err(self.timed_out(key, started, attempts).await)
+    }
+
+    /// The [`Error::Timeout`] of a wait for `key` that started at `started`.
+    pub(crate) async fn timed_out(&self, key: &str, started: Instant, attempts: u32) -> Error {
         let waited = started.elapsed();
         // Who kept the key: worth one more read (briefly), the wait is over anyway.
         let read = by(Instant::now() + HOLDER_READ, self.table().inspect(key));
         let holder = read.await.ok().flatten();
-        Err(Error::Timeout {
+        Error::Timeout {
             key: key.to_owned(),
             waited,
             attempts,
             held_by: holder.as_ref().map(|h| h.owner.clone()),
             held_until: holder.map(|h| h.expires_at),
-        })
+        }
     }
 
     /// After a lost attempt: asks the holder's release to wake this waiter and reads how
@@ -292,7 +309,7 @@ impl<DB: Backend> Engine<DB> {
     /// pause, or until the lease ends (plus a little jitter, so that waiters of several
     /// processes do not all arrive at that instant) if that is sooner. A key found free
     /// is tried again at once if `retry_free` (not twice in a row).
-    async fn after_loss(
+    pub(crate) async fn after_loss(
         &self,
         key: &str,
         backoff: &mut Backoff,
@@ -326,7 +343,7 @@ impl<DB: Backend> Engine<DB> {
 }
 
 /// What a head waiter does after a lost attempt.
-enum AfterLoss {
+pub(crate) enum AfterLoss {
     TryAgain,
     Sleep(Duration),
     GiveUp,

@@ -49,6 +49,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{RetryPolicy, micros};
 use crate::dialect::{Backend, Contention, Renewal, RowState};
 use crate::error::LostReason;
+use crate::fair::Tickets;
 use crate::lease::{Lease, Won};
 use crate::queue::LocalQueues;
 use crate::retry::{Retry, by, retry};
@@ -84,6 +85,8 @@ struct Inner<DB: Backend> {
     queues: LocalQueues,
     /// The listener that hears releases of other processes (PostgreSQL).
     wakeups: Wakeups<DB>,
+    /// Fair mode: the tickets of this Locker's waiters.
+    tickets: Option<Tickets>,
 }
 
 /// How an engine hears releases of other processes.
@@ -113,6 +116,7 @@ impl<DB: Backend> Engine<DB> {
         counters: Arc<Counters>,
         retry: RetryPolicy,
         listen: Listen<DB>,
+        tickets: Option<Tickets>,
     ) -> Self {
         Engine {
             inner: Arc::new(Inner {
@@ -135,6 +139,7 @@ impl<DB: Backend> Engine<DB> {
                 task: Mutex::new(None),
                 queues: LocalQueues::default(),
                 wakeups: Wakeups::new(listen.on && DB::NOTIFIES, listen.options),
+                tickets,
             }),
         }
     }
@@ -175,6 +180,24 @@ impl<DB: Backend> Engine<DB> {
             });
         }
         inner.wakeups.live()
+    }
+
+    /// Fair mode's tickets; `None` when the Locker is not fair.
+    pub(crate) fn tickets(&self) -> Option<&Tickets> {
+        self.inner.tickets.as_ref()
+    }
+
+    /// Starts renewing the tickets of this Locker's waiters, if that is not running yet.
+    pub(crate) fn renew_tickets_in_background(&self) {
+        let inner = &self.inner;
+        if inner.tickets.as_ref().is_some_and(Tickets::claim_start) {
+            let job = Arc::clone(inner);
+            self.spawn_job(async move {
+                if let Some(tickets) = &job.tickets {
+                    tickets.renew(&job.table, &job.stop).await;
+                }
+            });
+        }
     }
 
     /// Whether releases elsewhere wake this Locker's waiters right now.

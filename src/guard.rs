@@ -71,6 +71,13 @@ impl<DB: Backend> LockGuard<DB> {
         self.locker.engine.table().name()
     }
 
+    /// Fair mode ([`LockerBuilder::fair`](crate::LockerBuilder::fair)): the ticket this
+    /// acquisition waited on; `None` when it won without queueing, or the locker is not
+    /// fair. Grants of one key follow their tickets' order.
+    pub fn ticket(&self) -> Option<i64> {
+        self.lease.ticket()
+    }
+
     /// The locked key.
     pub fn key(&self) -> &str {
         &self.lease.key

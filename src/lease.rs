@@ -61,6 +61,8 @@ pub(crate) struct Lease {
     /// Guards sharing this lease (more than one only for a reentrant [`Owner`](crate::Owner)).
     holds: AtomicUsize,
     counters: Arc<Counters>,
+    /// Fair mode: the ticket the acquisition waited on.
+    ticket: std::sync::OnceLock<i64>,
 }
 
 /// What a won acquisition hands to [`Lease::new`].
@@ -76,6 +78,16 @@ pub(crate) struct Won {
 }
 
 impl Lease {
+    /// Records the fair-mode ticket this acquisition waited on.
+    pub(crate) fn set_ticket(&self, ticket: i64) {
+        self.ticket.set(ticket).ok();
+    }
+
+    /// The fair-mode ticket this acquisition waited on, if it waited on one.
+    pub(crate) fn ticket(&self) -> Option<i64> {
+        self.ticket.get().copied()
+    }
+
     pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>) -> Self {
         let (status, _) = watch::channel(Status {
             expires_at: won.expires_at,
@@ -101,6 +113,7 @@ impl Lease {
             }),
             holds: AtomicUsize::new(1),
             counters,
+            ticket: std::sync::OnceLock::new(),
         }
     }
 

@@ -13,6 +13,7 @@ mod row_lock;
 // The lock algorithm: acquisition, the lease engine, leases, the reaper.
 mod acquire;
 mod engine;
+mod fair;
 mod lease;
 mod queue;
 mod reaper;

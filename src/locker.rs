@@ -15,6 +15,7 @@ use crate::config::{
 use crate::dialect::Backend;
 use crate::engine::{Engine, Listen};
 use crate::error::{Error, Result};
+use crate::fair::Tickets;
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::owner::Owner;
@@ -92,6 +93,7 @@ pub struct LockerBuilder<DB: Backend> {
     auto_renew: bool,
     listen: bool,
     listener_options: Option<ConnectOptions<DB>>,
+    fair: bool,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -158,6 +160,28 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
+    /// Fair mode: strict first come, first served across processes, like Curator's
+    /// sequential nodes and Redisson's fair lock. Default: `false`.
+    ///
+    /// A waiting [`acquire`](Locker::acquire) that loses its first attempt takes a ticket
+    /// (a row in `<table>_ticket`), and an attempt is made only when no live ticket with
+    /// a lower number exists for that key; [`try_acquire`](Locker::try_acquire) and a
+    /// zero wait succeed only when nobody is queued. Tickets are leases of the
+    /// [`default_lease`](Self::default_lease), renewed by the Locker's engine at the
+    /// [`renew_interval`](Self::renew_interval) while their waiters wait: a waiter that
+    /// dies holds up the queue until its ticket expires, one that is cancelled or times
+    /// out not at all. [`LockGuard::ticket`](crate::LockGuard::ticket) says which ticket
+    /// a grant waited on.
+    ///
+    /// The cost: an attempt is two statements (the ticket check, then the usual one),
+    /// taking a ticket one more, and every local waiter of the key looks on each release
+    /// (not only the first). A row written by a plain-SQL client still blocks everyone;
+    /// tickets only order dblock's own waiters.
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
+        self
+    }
+
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
         validate_table_name(&self.table)?;
@@ -193,6 +217,8 @@ impl<DB: Backend> LockerBuilder<DB> {
                         on: self.listen,
                         options: self.listener_options,
                     },
+                    self.fair
+                        .then(|| Tickets::new(default_lease, renew_interval)),
                 ),
                 owner_prefix: self.owner_prefix,
                 default_lease,
@@ -236,6 +262,7 @@ impl<DB: Backend> Locker<DB> {
             auto_renew: true,
             listen: true,
             listener_options: None,
+            fair: false,
         }
     }
 
@@ -341,7 +368,7 @@ impl<DB: Backend> Locker<DB> {
         validate_key(key)?;
         validate_lease(lease)?;
         let lease = self
-            .attempt(key, &self.new_owner(), lease, &mut None)
+            .attempt(key, &self.new_owner(), lease, None, &mut None)
             .await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
@@ -365,8 +392,8 @@ impl<DB: Backend> Locker<DB> {
         let owner = self.new_owner();
         let engine = &self.shared.engine;
         let won = engine
-            .wait_for(key, wait, async || {
-                self.attempt(key, &owner, lease, &mut None).await
+            .wait_for(key, wait, async |ticket| {
+                self.attempt(key, &owner, lease, ticket, &mut None).await
             })
             .await?;
         Ok(self.guard(won))
@@ -456,6 +483,7 @@ impl<DB: Backend> Locker<DB> {
         key: &str,
         owner: &str,
         lease: Duration,
+        ticket: Option<i64>,
         gate: &mut crate::acquire::Gate,
     ) -> Result<Option<Arc<Lease>>> {
         let renew = self
@@ -466,6 +494,7 @@ impl<DB: Backend> Locker<DB> {
             owner,
             lease,
             renew,
+            ticket,
         };
         self.shared.engine.attempt(request, gate).await
     }

@@ -78,7 +78,7 @@ impl<DB: Backend> Owner<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        let won = self.attempt(key, lease).await?;
+        let won = self.attempt(key, lease, None).await?;
         Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
@@ -100,13 +100,20 @@ impl<DB: Backend> Owner<DB> {
         }
         let engine = &self.locker.shared.engine;
         let won = engine
-            .wait_for(key, wait, async || self.attempt(key, lease).await)
+            .wait_for(key, wait, async |ticket| {
+                self.attempt(key, lease, ticket).await
+            })
             .await?;
         Ok(self.locker.guard(won))
     }
 
     /// A nested lease if this owner holds `key`, else one attempt at the database.
-    async fn attempt(&self, key: &str, lease: Duration) -> Result<Option<Arc<Lease>>> {
+    async fn attempt(
+        &self,
+        key: &str,
+        lease: Duration,
+        ticket: Option<i64>,
+    ) -> Result<Option<Arc<Lease>>> {
         if let Some(nested) = self.nest(key) {
             return Ok(Some(nested));
         }
@@ -116,7 +123,7 @@ impl<DB: Backend> Owner<DB> {
         }
         let won = self
             .locker
-            .attempt(key, &self.value, lease, &mut gate)
+            .attempt(key, &self.value, lease, ticket, &mut gate)
             .await?;
         if let Some(won) = &won {
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());

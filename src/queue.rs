@@ -22,6 +22,8 @@ pub(crate) struct LocalQueues {
 struct Waiter {
     id: u64,
     turn: Turn,
+    /// Fair mode: every waiter tries on a release (tickets order them), not only the head.
+    fair: bool,
 }
 
 /// How a waiter is told to look again.
@@ -56,6 +58,16 @@ impl LocalQueues {
 
     /// Joins the back of `key`'s queue.
     pub(crate) fn join(&self, key: &str) -> Place<'_> {
+        self.join_as(key, false)
+    }
+
+    /// Joins `key`'s waiters in fair mode: woken by every release of the key, whatever
+    /// its place (the database's tickets decide who goes first).
+    pub(crate) fn join_fair(&self, key: &str) -> Place<'_> {
+        self.join_as(key, true)
+    }
+
+    fn join_as(&self, key: &str, fair: bool) -> Place<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Turn::default();
         self.keys()
@@ -64,6 +76,7 @@ impl LocalQueues {
             .push_back(Waiter {
                 id,
                 turn: turn.clone(),
+                fair,
             });
         Place {
             queues: self,
@@ -78,11 +91,15 @@ impl LocalQueues {
     /// head of its queue tries now. Whether anyone was waiting.
     pub(crate) fn released(&self, key: &str) -> bool {
         let keys = self.keys();
-        let head = keys.get(key).and_then(VecDeque::front);
-        if let Some(head) = head {
-            head.turn.give(false);
+        let Some(queue) = keys.get(key) else {
+            return false;
+        };
+        for (place, waiter) in queue.iter().enumerate() {
+            if place == 0 || waiter.fair {
+                waiter.turn.give(false);
+            }
         }
-        head.is_some()
+        !queue.is_empty()
     }
 
     /// Every head tries now: releases may have gone unheard (a listener reconnected).

@@ -173,6 +173,52 @@ impl<DB: Backend> LockTable<DB> {
         Ok(left.map(|micros| Duration::from_micros(u64::try_from(micros).unwrap_or(0))))
     }
 
+    /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.
+    pub(crate) async fn take_ticket(&self, key: &str, lease: Duration) -> Result<i64, sqlx::Error> {
+        self.run(|mut conn| async move {
+            DB::take_ticket(&mut conn, &self.sql, key, micros(lease)).await
+        })
+        .await
+    }
+
+    /// Fair mode: whether a live ticket for `key` earlier than `ticket` exists (`None`:
+    /// any live ticket).
+    pub(crate) async fn earlier_ticket(
+        &self,
+        key: &str,
+        ticket: Option<i64>,
+    ) -> Result<bool, sqlx::Error> {
+        let ticket = ticket.unwrap_or(i64::MAX);
+        self.run(
+            |mut conn| async move { DB::earlier_ticket(&mut conn, &self.sql, key, ticket).await },
+        )
+        .await
+    }
+
+    /// Fair mode: renews the live tickets among `tickets`; the ones renewed.
+    pub(crate) async fn renew_tickets(
+        &self,
+        tickets: &[i64],
+        lease: Duration,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        self.run(|mut conn| async move {
+            DB::renew_tickets(&mut conn, &self.sql, tickets, micros(lease)).await
+        })
+        .await
+    }
+
+    /// Fair mode: deletes a ticket.
+    pub(crate) async fn drop_ticket(&self, ticket: i64) -> Result<(), sqlx::Error> {
+        self.run(|mut conn| async move { DB::drop_ticket(&mut conn, &self.sql, ticket).await })
+            .await
+    }
+
+    /// Fair mode: deletes every expired ticket.
+    pub(crate) async fn purge_tickets(&self) -> Result<u64, sqlx::Error> {
+        self.run(|mut conn| async move { DB::purge_tickets(&mut conn, &self.sql).await })
+            .await
+    }
+
     /// Opens a listener for this table's releases, on its own connection: at `given`
     /// options, or at the pool's (then checked to be a session of its own). `None` when
     /// the backend has no notifications or the connection is not a session of its own.

@@ -1,121 +1,66 @@
-//! Section 3: eight tasks contending on one key with a waiting acquire.
+//! Section 3: one hot key, waiting acquires (issue 10). Three cells per server, each
+//! holder keeping the key [`HOLD`](crate::hotkey_tasks::HOLD) (2 ms):
 //!
-//! Every task loops: `acquire(key, lease, wait)`, hold the lock 1 ms, `release`. Each
-//! acquisition and each completed release is stamped with one shared clock; sorted by
-//! acquisition time (one key: holders follow each other), the handoff latency is the time
-//! from one holder's release completing to the next holder's acquire returning. That time
-//! includes the waiter's backoff sleep, which is what a caller experiences.
+//! 1. **8 tasks in one process**, one Locker (this module). Every task loops:
+//!    acquire, hold, `release`. Each acquisition and each completed release is stamped
+//!    with one shared clock; sorted by acquisition time (one key: holders follow each
+//!    other), the handoff latency is the time from one holder's release completing to
+//!    the next holder's acquire returning, which includes any backoff sleep of the
+//!    waiter: what a caller experiences. Contenders, in interleaved rounds: dblock's
+//!    `acquire` (local queue, a release wakes the next waiter); *polling*, the old
+//!    design, reproduced with the public API: `try_acquire`, then sleep the retry
+//!    policy's next jittered exponential delay, no local queue
+//!    ([`poll_acquire`](crate::hotkey_tasks::poll_acquire)); and,
+//!    for scale, a hand-written contender that sends dblock's statements and retries at
+//!    once without sleeping: a ceiling for handoffs per second, bought with a hot retry
+//!    loop.
+//! 2. **2 processes x 4 tasks** on the same key, each process with its own Locker and
+//!    pool ([`hotkey_procs`](crate::hotkey_procs)): the bench re-executes itself as two
+//!    workers that start at the same instant; shares of the acquisitions and waits per
+//!    process.
+//! 3. **100 waiters through a pool of 4** ([`hotkey_pool`](crate::hotkey_pool)): one
+//!    holder keeps the key (short lease, renewed) for the whole round while 100 tasks
+//!    wait for it; statements per second the server sees, dblock against polling.
 //!
-//! For scale, a hand-written contender sends dblock's statements and retries at once,
-//! without sleeping: a ceiling for handoffs per second, bought with a hot retry loop.
+//! FAIR MODE (to be added by hand later): a fourth cell, "fair mode", belongs here, after
+//! cell 1 and measured the same way (8 tasks, one Locker, same columns and targets);
+//! [`section`] is where it is run and its table appended.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use dblock::{LockGuard, Locker};
+use dblock::Locker;
 use tokio::time::Instant;
 
-use crate::handwritten::{HandLock, new_owner};
-use crate::measure::{Samples, in_tasks, median, spread, turn_order};
-use crate::report::{Table, count, ms, ms_f, verdict};
+use crate::handwritten::new_owner;
+use crate::hotkey_tasks::{Side, contend};
+use crate::measure::{Samples, median, spread, turn_order};
+use crate::report::{Table, count, ms, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
+use crate::{hotkey_pool, hotkey_procs};
+
+/// The section's introduction in the report (the same for every server).
+pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
+    Issue 10's cells, each holder keeping the key 2 ms: (1) 8 tasks through one Locker, \
+    (2) 2 processes x 4 tasks, each process with its own Locker and pool, (3) 100 waiters \
+    through a pool of 4 while one holder keeps the key. *Polling* is the old design \
+    reproduced with the public API: `try_acquire`, then sleep the retry policy's jittered \
+    exponential backoff (`RetryPolicy::default().delays()`), no local queue. Wait = acquire \
+    called -> returned, for acquisitions that succeeded: a round's end cancels the acquires \
+    still waiting (they are cancel safe), which counts neither as an error nor as a wait, \
+    so the longest wait is capped by the round's length. Handoff = release completed -> \
+    next acquire returned.\n\n";
 
 const TABLE: &str = "bench_lock_hot";
 const TASKS: usize = 8;
-const HOLD: Duration = Duration::from_millis(1);
-const LEASE: Duration = Duration::from_secs(30);
-/// Longer than any round: a round's end cancels waiting acquires (they are cancel safe),
-/// so a `Timeout` error would mean a waiter starved for this long.
-const WAIT: Duration = Duration::from_secs(30);
 
-/// How a contender takes the hot key.
-enum Side<DB: BenchDb> {
-    Dblock(Locker<DB>),
-    Spin {
-        lock: Arc<dyn HandLock>,
-        attempts: AtomicU64,
-    },
-}
-
-enum Held<DB: BenchDb> {
-    Dblock(LockGuard<DB>),
-    Spin { owner: String, token: i64 },
-}
-
-impl<DB: BenchDb> Side<DB> {
-    fn name(&self) -> &'static str {
-        match self {
-            Side::Dblock(_) => "dblock acquire (backoff with jitter)",
-            Side::Spin { .. } => "hand-written, retry at once",
-        }
-    }
-
-    fn attempts(&self) -> u64 {
-        match self {
-            Side::Dblock(locker) => locker.stats().attempts,
-            Side::Spin { attempts, .. } => attempts.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Waits for the key until `deadline`; `Ok(None)` when the deadline came first.
-    async fn acquire(&self, key: &str, deadline: Instant) -> Result<Option<Held<DB>>, String> {
-        match self {
-            Side::Dblock(locker) => {
-                match tokio::time::timeout_at(deadline, locker.acquire(key, LEASE, WAIT)).await {
-                    Err(_deadline) => Ok(None),
-                    Ok(Ok(guard)) => Ok(Some(Held::Dblock(guard))),
-                    Ok(Err(err)) => Err(err.to_string()),
-                }
-            }
-            Side::Spin { lock, attempts } => {
-                let owner = new_owner();
-                let spin = async {
-                    loop {
-                        attempts.fetch_add(1, Ordering::Relaxed);
-                        match lock.acquire(key, &owner).await {
-                            Ok(Some(token)) => return Ok(token),
-                            Ok(None) => {}
-                            Err(err) if lock.lost_race(&err) => {}
-                            Err(err) => return Err(err.to_string()),
-                        }
-                    }
-                };
-                match tokio::time::timeout_at(deadline, spin).await {
-                    Err(_deadline) => Ok(None),
-                    Ok(Ok(token)) => Ok(Some(Held::Spin {
-                        owner: owner.clone(),
-                        token,
-                    })),
-                    Ok(Err(err)) => Err(err),
-                }
-            }
-        }
-    }
-
-    async fn release(&self, key: &str, held: Held<DB>) -> Result<(), String> {
-        match (self, held) {
-            (_, Held::Dblock(guard)) => guard.release().await.map_err(|e| e.to_string()),
-            (Side::Spin { lock, .. }, Held::Spin { owner, token }) => {
-                match lock.release(key, &owner, token).await {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err("the row was no longer ours".into()),
-                    Err(err) => Err(err.to_string()),
-                }
-            }
-            (Side::Dblock(_), Held::Spin { .. }) => unreachable!("held by the other side"),
-        }
-    }
-}
-
-/// One holder's turn.
-struct Turn {
-    acquired: Instant,
-    released: Option<Instant>,
-    waited: Duration,
-}
+/// Issue 10's targets for cell 1.
+const TARGET_P99: Duration = Duration::from_millis(50);
+const TARGET_LONGEST: Duration = Duration::from_millis(100);
+const TARGET_ATTEMPTS: f64 = 1.3;
 
 #[derive(Default)]
 struct Round {
@@ -131,6 +76,16 @@ struct Round {
     secs: f64,
 }
 
+impl Round {
+    fn per_sec(&self) -> f64 {
+        self.acquisitions as f64 / self.secs
+    }
+
+    fn attempts_per_acquisition(&self) -> f64 {
+        self.attempts as f64 / self.acquisitions.max(1) as f64
+    }
+}
+
 async fn round<DB: BenchDb>(
     side: &Arc<Side<DB>>,
     pool: &sqlx::Pool<DB>,
@@ -139,62 +94,16 @@ async fn round<DB: BenchDb>(
 ) -> Round {
     let attempts_before = side.attempts();
     let deadlocks_before = DB::deadlocks(pool).await;
-    let deadline = Instant::now() + length;
-    let per_task = in_tasks(TASKS, |_| {
-        let side = Arc::clone(side);
-        let key = key.clone();
-        async move {
-            let mut turns = Vec::new();
-            let (mut acquire_errors, mut release_errors, mut first_error) = (0, 0, None);
-            while Instant::now() < deadline {
-                let called = Instant::now();
-                match side.acquire(&key, deadline).await {
-                    Ok(None) => break,
-                    Ok(Some(held)) => {
-                        let acquired = Instant::now();
-                        tokio::time::sleep(HOLD).await;
-                        let released = match side.release(&key, held).await {
-                            Ok(()) => Some(Instant::now()),
-                            Err(err) => {
-                                release_errors += 1;
-                                first_error.get_or_insert(err);
-                                None
-                            }
-                        };
-                        turns.push(Turn {
-                            acquired,
-                            released,
-                            waited: acquired - called,
-                        });
-                    }
-                    Err(err) => {
-                        acquire_errors += 1;
-                        first_error.get_or_insert(err);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                }
-            }
-            (turns, acquire_errors, release_errors, first_error)
-        }
-    })
-    .await;
-
+    let done = contend(side, &key, TASKS, Instant::now() + length).await;
     let mut r = Round {
         secs: length.as_secs_f64(),
+        acquisitions: done.turns.len() as u64,
+        acquire_errors: done.acquire_errors,
+        release_errors: done.release_errors,
+        first_error: done.first_error,
         ..Round::default()
     };
-    let mut turns = Vec::new();
-    for (t, acquire_errors, release_errors, first_error) in per_task {
-        turns.extend(t);
-        r.acquire_errors += acquire_errors;
-        r.release_errors += release_errors;
-        if r.first_error.is_none() {
-            r.first_error = first_error;
-        }
-    }
-    turns.sort_by_key(|t| t.acquired);
-    r.acquisitions = turns.len() as u64;
-    for pair in turns.windows(2) {
+    for pair in done.turns.windows(2) {
         if let Some(released) = pair[0].released {
             // Both instants are taken after a reply arrives; the next holder's reply can be
             // read a moment before the releasing task records its own, hence saturating.
@@ -202,7 +111,7 @@ async fn round<DB: BenchDb>(
                 .push(pair[1].acquired.saturating_duration_since(released));
         }
     }
-    for t in &turns {
+    for t in &done.turns {
         r.waits.push(t.waited);
     }
     r.attempts = side.attempts() - attempts_before;
@@ -215,29 +124,50 @@ async fn round<DB: BenchDb>(
 
 /// Runs section 3 on one server; returns its markdown.
 pub async fn section<DB: BenchDb>(settings: &Settings, server: &Server<DB>) -> String {
-    match run(settings, server).await {
-        Ok(md) => md,
-        Err(e) => format!("### {}\n\nNot measured: {e}\n\n", server.label),
+    let mut out = format!("### {}\n\n", server.label);
+    let cells = [
+        "#### 3.1 8 tasks, one Locker\n\n",
+        "#### 3.2 2 processes x 4 tasks\n\n",
+        "#### 3.3 100 waiters through a pool of 4\n\n",
+    ];
+    for (i, heading) in cells.into_iter().enumerate() {
+        out.push_str(heading);
+        let cell = match i {
+            0 => one_locker(settings, server).await,
+            1 => hotkey_procs::cell(settings, server).await,
+            _ => hotkey_pool::cell(settings, server).await,
+        };
+        match cell {
+            Ok(md) => out.push_str(&md),
+            Err(e) => {
+                let _ = writeln!(out, "Not measured: {e}\n");
+            }
+        }
     }
+    out
 }
 
-async fn run<DB: BenchDb>(
+/// Cell 1: 8 tasks through one Locker.
+async fn one_locker<DB: BenchDb>(
     settings: &Settings,
     server: &Server<DB>,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let locker = server.fresh_locker(TABLE).await?;
     let sides: Vec<Arc<Side<DB>>> = vec![
-        Arc::new(Side::Dblock(locker)),
+        Arc::new(Side::Dblock(locker.clone())),
+        Arc::new(Side::Poll(
+            Locker::builder(server.pool.clone()).table(TABLE).build()?,
+        )),
         Arc::new(Side::Spin {
             lock: DB::hand(&server.pool, TABLE),
             attempts: AtomicU64::new(0),
         }),
     ];
     let run = new_owner()[..8].to_owned();
-    let mut rounds: Vec<Vec<Round>> = vec![Vec::new(), Vec::new()];
+    let mut rounds: Vec<Vec<Round>> = sides.iter().map(|_| Vec::new()).collect();
     for r in 0..settings.rounds {
         eprintln!(
-            "hotkey: {}, round {}/{}",
+            "hotkey: {}, 8 tasks, round {}/{}",
             server.label,
             r + 1,
             settings.rounds
@@ -249,7 +179,7 @@ async fn run<DB: BenchDb>(
     }
     DB::drop_lock_table(&server.pool, TABLE).await?;
 
-    let mut out = format!("### {}\n\n", server.label);
+    let mut out = String::new();
     let mut table = Table::new(&[
         "contender",
         "handoffs/s",
@@ -262,7 +192,6 @@ async fn run<DB: BenchDb>(
         "errors to callers (acquire / release)",
     ]);
     for (side, rs) in sides.iter().zip(&mut rounds) {
-        let per_sec = |r: &Round| r.acquisitions as f64 / r.secs;
         let acquire_errors: u64 = rs.iter().map(|r| r.acquire_errors).sum();
         let release_errors: u64 = rs.iter().map(|r| r.release_errors).sum();
         let deadlocks = if rs.iter().all(|r| r.server_deadlocks.is_some()) {
@@ -276,7 +205,7 @@ async fn run<DB: BenchDb>(
         let longest = rs.iter().map(|r| r.waits.max()).max().unwrap_or_default();
         table.row(vec![
             side.name().to_owned(),
-            count(median(rs.iter().map(per_sec))),
+            count(median(rs.iter().map(Round::per_sec))),
             ms_f(median(
                 rs.iter_mut()
                     .map(|r| r.handoffs.percentile(50.0).as_secs_f64()),
@@ -291,28 +220,69 @@ async fn run<DB: BenchDb>(
             )),
             ms(longest),
             format!(
-                "{:.1}",
-                median(
-                    rs.iter()
-                        .map(|r| r.attempts as f64 / r.acquisitions.max(1) as f64)
-                )
+                "{:.2}",
+                median(rs.iter().map(Round::attempts_per_acquisition))
             ),
             deadlocks,
             format!("{acquire_errors} / {release_errors}"),
         ]);
     }
     out.push_str(&table.render());
+    out.push('\n');
 
-    let dblock = &rounds[0];
+    let (dblock, others) = rounds.split_at_mut(1);
+    let (dblock, poll) = (&mut dblock[0], &others[0]);
+    let p99 = median(
+        dblock
+            .iter_mut()
+            .map(|r| r.waits.percentile(99.0).as_secs_f64()),
+    );
+    let longest = dblock
+        .iter()
+        .map(|r| r.waits.max())
+        .max()
+        .unwrap_or_default();
+    let speed: Vec<f64> = dblock
+        .iter()
+        .zip(poll.iter())
+        .map(|(d, p)| d.per_sec() / p.per_sec())
+        .collect();
+    let speed_median = median(speed.iter().copied());
+    let attempts = median(dblock.iter().map(Round::attempts_per_acquisition));
     let errors: u64 = dblock
         .iter()
         .map(|r| r.acquire_errors + r.release_errors)
         .sum();
-    let (lo, hi) = spread(dblock.iter().map(|r| r.acquisitions as f64 / r.secs));
+    let (lo, hi) = spread(dblock.iter().map(Round::per_sec));
     let _ = writeln!(
         out,
-        "\nTarget: zero errors returned to dblock's callers -> {} ({errors} in {} acquisitions; \
-         handoffs/s ranged {}-{} across rounds).",
+        "- Target: dblock's wait p99 <= {} ms -> {} ({} ms, median of rounds).",
+        TARGET_P99.as_millis(),
+        verdict(p99 <= TARGET_P99.as_secs_f64()),
+        ms_f(p99),
+    );
+    let _ = writeln!(
+        out,
+        "- Target: dblock's longest wait <= {} ms -> {} ({} ms, longest of all rounds).",
+        TARGET_LONGEST.as_millis(),
+        verdict(longest <= TARGET_LONGEST),
+        ms(longest),
+    );
+    let _ = writeln!(
+        out,
+        "- Target: dblock's handoffs/s >= polling's -> {} (dblock / polling {}, per round).",
+        verdict(speed_median >= 1.0),
+        ratio(speed_median, spread(speed.iter().copied())),
+    );
+    let _ = writeln!(
+        out,
+        "- Target: dblock's attempts per acquisition <= {TARGET_ATTEMPTS} -> {} ({attempts:.2}).",
+        verdict(attempts <= TARGET_ATTEMPTS),
+    );
+    let _ = writeln!(
+        out,
+        "- Target: zero errors returned to dblock's callers -> {} ({errors} in {} \
+         acquisitions; handoffs/s ranged {}-{} across rounds).",
         verdict(errors == 0),
         dblock.iter().map(|r| r.acquisitions).sum::<u64>(),
         count(lo),

@@ -6,9 +6,10 @@
 //!
 //! Modules: `settings` (flags), `measure` (samples, rounds, timed loads), `servers`
 //! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
-//! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2,
-//! `hotkey`, `stock`, `renewal`, `reaper`), `anatomy` (the old design's task pattern
-//! timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
+//! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2;
+//! `hotkey`, with `hotkey_tasks` for its contenders and `hotkey_procs` and `hotkey_pool`
+//! for its multi-process and pool cells; `stock`, `renewal`, `reaper`), `anatomy` (the
+//! old design's task pattern timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //! failures), `report` (markdown).
 
 mod anatomy;
@@ -17,6 +18,9 @@ mod cycle;
 mod handwritten;
 mod heap;
 mod hotkey;
+mod hotkey_pool;
+mod hotkey_procs;
+mod hotkey_tasks;
 mod measure;
 mod reaper;
 mod renewal;
@@ -38,6 +42,10 @@ static ALLOCATOR: heap::Counting = heap::Counting;
 
 #[tokio::main]
 async fn main() {
+    // A worker process of the hot-key section takes no flags: it runs its job and exits.
+    if hotkey_procs::worker_if_asked().await {
+        return;
+    }
     let settings = Settings::from_env_and_args();
     trace::install();
     if let Err(drift) = handwritten::check_copies() {
@@ -87,15 +95,7 @@ async fn main() {
         body.push_str(&cycle::section(&settings, pg.as_ref(), my.as_ref(), redis.as_ref()).await);
     }
     if settings.runs(Section::HotKey) {
-        body.push_str(
-            "## 3. Hot key: 8 tasks, one key, waiting acquire\n\n\
-             Each task: `acquire(key, 30 s, wait)`, hold 1 ms, `release`, again. Handoff = \
-             release completed -> next acquire returned (includes the waiter's backoff \
-             sleep). Wait = acquire called -> returned, for acquisitions that succeeded: a \
-             round's end cancels the acquires still waiting (they are cancel safe), which \
-             counts neither as an error nor as a wait, so the longest wait is capped by the \
-             round's length.\n\n",
-        );
+        body.push_str(hotkey::INTRO);
         if let Some(pg) = &pg {
             body.push_str(&hotkey::section(&settings, pg).await);
         }

@@ -154,9 +154,19 @@ hand-written SQL share the same pool settings and the same tables.
    hand-written.
 2. **Redis reference**: `SET NX PX` + Lua check-and-delete, one connection per task,
    run as one more contender in the rounds of section 1.
-3. **Hot key**: 8 tasks on one key, each `acquire(key, lease, wait)` (dblock's jittered
-   backoff), hold 1 ms, `release`. Handoff latency = one release completed to the next
-   acquisition. Target: zero errors returned to callers.
+3. **Hot key** (issue 10): one key, each holder keeps it 2 ms. *Polling* is the old
+   design: `try_acquire`, then sleep the retry policy's jittered exponential backoff, no
+   local queue. (1) 8 tasks through one Locker, each `acquire(key, lease, wait)`, hold,
+   `release`: dblock against polling and a hand-written retry-at-once loop; handoff
+   latency = one release completed to the next acquisition. Targets: wait p99 <= 50 ms,
+   longest wait <= 100 ms, handoffs/s >= polling's, attempts per acquisition <= 1.3, zero
+   errors. (2) 2 OS processes x 4 tasks, each with its own Locker and pool: share of the
+   acquisitions per process (target 40-60 % each) and wait p99 (target <= 100 ms on
+   PostgreSQL; reported for MariaDB). (3) 100 waiters through a pool of 4 while one
+   holder keeps the key (3 s lease renewed every 1 s): statements per second on the
+   server (PostgreSQL: transactions in `pg_stat_database`; MariaDB: `Questions`) and
+   `stats().attempts` per second, dblock against 100 polling tasks, and whether the
+   holder's renewals stayed on time. Target: dblock at least 10x fewer statements/s.
 4. **Stock deduction**: each strategy of the stock example (`examples/stock`), 8 workers
    on one hot product: the example's own code on dblock's helpers (`Locker` +
    `assert_held`, `RowLocker`, `Versioned`) against the same statements by hand, orders

@@ -160,8 +160,30 @@ pub trait BenchDb: Backend {
     fn select_one(pool: &Pool<Self>) -> crate::anatomy::Statement;
 
     /// Waits (bounded) until the sessions of a closed [`dedicated_pool`](Self::dedicated_pool)
-    /// are gone from the server, so their statistics have been flushed.
-    fn await_sessions_gone(admin: &Pool<Self>) -> impl Future<Output = ()> + Send;
+    /// are gone from the server, so their statistics have been flushed. Returns how many
+    /// statements it sent on `admin` (for [`statements_seen`](Self::statements_seen)).
+    fn await_sessions_gone(admin: &Pool<Self>) -> impl Future<Output = u64> + Send;
+
+    /// Statements clients have sent the server so far, read on `admin`, a pool of one
+    /// connection: PostgreSQL's transactions of the current database (`xact_commit +
+    /// xact_rollback` in `pg_stat_database`; every autocommit statement is one), MariaDB's
+    /// global `Questions`. Two readings differ by what was sent in between plus
+    /// [`STATEMENTS_PER_READING`](Self::STATEMENTS_PER_READING); other clients of the
+    /// server (or database) count too.
+    fn statements_seen(admin: &Pool<Self>)
+    -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
+    /// What one [`statements_seen`](Self::statements_seen) adds to the difference between
+    /// two readings.
+    const STATEMENTS_PER_READING: u64;
+
+    /// Words for the report: what [`statements_seen`](Self::statements_seen) counts.
+    const STATEMENTS_SEEN_TEXT: &'static str;
+
+    /// How long a session may keep counts that [`statements_seen`](Self::statements_seen)
+    /// does not show yet (PostgreSQL: an idle session reports its statistics up to 10 s
+    /// late, `PGSTAT_IDLE_INTERVAL`; a session that exits reports them on its way out).
+    const STATISTICS_LAG: Duration;
 }
 
 /// The client name of the sessions of a dedicated pool.
@@ -283,7 +305,29 @@ impl BenchDb for Postgres {
         Ok(updated.unwrap_or(0).try_into().unwrap_or(0))
     }
 
-    async fn await_sessions_gone(admin: &PgPool) {
+    const STATEMENTS_PER_READING: u64 = 2;
+    const STATEMENTS_SEEN_TEXT: &'static str = "transactions of the database (`xact_commit + \
+        xact_rollback` in `pg_stat_database`; one per autocommit statement)";
+    const STATISTICS_LAG: Duration = Duration::from_millis(10_500);
+
+    async fn statements_seen(admin: &PgPool) -> Result<u64, sqlx::Error> {
+        // This session's own counts are sent at the end of the next transaction; the
+        // reading itself is then counted by the next reading's first statement: two
+        // transactions per reading.
+        sqlx::query("SELECT pg_stat_force_next_flush()")
+            .execute(admin)
+            .await?;
+        let seen: i64 = sqlx::query_scalar(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database \
+              WHERE datname = current_database()",
+        )
+        .fetch_one(admin)
+        .await?;
+        Ok(seen.try_into().unwrap_or(0))
+    }
+
+    async fn await_sessions_gone(admin: &PgPool) -> u64 {
+        let mut sent = 0;
         for _ in 0..100 {
             let left: Result<i64, _> = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
@@ -291,6 +335,7 @@ impl BenchDb for Postgres {
             .bind(DEDICATED_APP)
             .fetch_one(admin)
             .await;
+            sent += 1;
             if matches!(left, Ok(0) | Err(_)) {
                 break;
             }
@@ -298,6 +343,7 @@ impl BenchDb for Postgres {
         }
         // Exiting sessions flush their statistics on the way out; give that a moment.
         tokio::time::sleep(Duration::from_millis(200)).await;
+        sent
     }
 }
 
@@ -396,5 +442,16 @@ impl BenchDb for MySql {
         global_status(admin, "Handler_update").await
     }
 
-    async fn await_sessions_gone(_admin: &MySqlPool) {}
+    async fn await_sessions_gone(_admin: &MySqlPool) -> u64 {
+        0
+    }
+
+    const STATEMENTS_PER_READING: u64 = 1;
+    const STATEMENTS_SEEN_TEXT: &'static str = "the server's `Questions` (`SHOW GLOBAL STATUS`: \
+        statements sent by all clients, the reading itself included)";
+    const STATISTICS_LAG: Duration = Duration::ZERO;
+
+    async fn statements_seen(admin: &MySqlPool) -> Result<u64, sqlx::Error> {
+        global_status(admin, "Questions").await
+    }
 }

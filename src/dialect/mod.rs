@@ -299,6 +299,45 @@ pub trait LockSql: Database {
         key: &str,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
+    /// Fair mode: takes a ticket for `key`, a lease of `lease_micros` in the ticket table;
+    /// its number. Tickets of one key commit in the order of their numbers.
+    fn take_ticket(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+        lease_micros: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send;
+
+    /// Fair mode: whether a live ticket for `key` numbered below `ticket` exists
+    /// (`i64::MAX`: any live ticket).
+    fn earlier_ticket(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+        ticket: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Fair mode: renews the live tickets among `tickets`; the ones renewed.
+    fn renew_tickets(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        tickets: &[i64],
+        lease_micros: i64,
+    ) -> impl Future<Output = Result<Vec<i64>, sqlx::Error>> + Send;
+
+    /// Fair mode: deletes a ticket (its waiter won or left).
+    fn drop_ticket(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        ticket: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Fair mode: deletes every expired ticket (of waiters that died); how many.
+    fn purge_tickets(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
     /// Opens a connection of its own that hears the releases of `table` (PostgreSQL
     /// `LISTEN`). `Ok(None)` when the backend has no notifications (MySQL, SQLite), or
     /// when the connection turns out not to be a session of its own (a transaction

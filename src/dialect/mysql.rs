@@ -29,6 +29,12 @@ pub struct Statements {
     inspect: Sql,
     reap: Sql,
     note_waiter: Sql,
+    take_ticket: Sql,
+    earlier_ticket: Sql,
+    renew_tickets: Sql,
+    live_tickets: Sql,
+    drop_ticket: Sql,
+    purge_tickets: Sql,
 }
 
 // Assignments run left to right and later ones see the new values: `lock_value` changes
@@ -87,6 +93,28 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.expire_time,
        CAST(t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6) AS SIGNED)
   FROM {batch} JOIN {table} AS t ON t.lock_key = w.k";
 
+// The number is AUTO_INCREMENT, drawn after the insert trigger has locked the key's
+// fencing bucket (see the V2 migration): tickets of one key commit in number order.
+const TAKE_TICKET: &str = "INSERT INTO {table}_ticket (lock_key, expire_time) VALUES (?, NOW(6) + INTERVAL ? MICROSECOND)";
+
+const EARLIER_TICKET: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table}_ticket
+                WHERE lock_key = ? AND ticket < ? AND expire_time > NOW(6))";
+
+// No RETURNING: the renewed tickets are read back (same connection, right after).
+const RENEW_TICKETS: &str = "\
+UPDATE {table}_ticket SET expire_time = NOW(6) + INTERVAL ? MICROSECOND
+ WHERE ticket IN (SELECT j.t FROM JSON_TABLE(?, '$[*]' COLUMNS (t BIGINT PATH '$')) AS j)
+   AND expire_time > NOW(6)";
+const LIVE_TICKETS: &str = "\
+SELECT ticket FROM {table}_ticket
+ WHERE ticket IN (SELECT j.t FROM JSON_TABLE(?, '$[*]' COLUMNS (t BIGINT PATH '$')) AS j)
+   AND expire_time > NOW(6)";
+
+const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = ?";
+
+const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < NOW(6)";
+
 const INSPECT: &str = "\
 SELECT lock_value, fencing_token, expire_time, CAST(expire_time <= NOW(6) AS SIGNED)
   FROM {table} WHERE lock_key = ?";
@@ -128,10 +156,16 @@ impl super::sealed::Sealed for MySql {}
 
 impl LockSql for MySql {
     type Statements = Statements;
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
-        "V1__distributed_lock.sql",
-        include_str!("../../migrations/mysql/V1__distributed_lock.sql"),
-    )];
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
+        (
+            "V1__distributed_lock.sql",
+            include_str!("../../migrations/mysql/V1__distributed_lock.sql"),
+        ),
+        (
+            "V2__tickets.sql",
+            include_str!("../../migrations/mysql/V2__tickets.sql"),
+        ),
+    ];
 
     fn statements(table: &str) -> Statements {
         Statements {
@@ -145,6 +179,12 @@ impl LockSql for MySql {
             inspect: sql(INSPECT, table),
             reap: sql(REAP, table),
             note_waiter: sql(NOTE_WAITER, table),
+            take_ticket: sql(TAKE_TICKET, table),
+            earlier_ticket: sql(EARLIER_TICKET, table),
+            renew_tickets: sql(RENEW_TICKETS, table),
+            live_tickets: sql(LIVE_TICKETS, table),
+            drop_ticket: sql(DROP_TICKET, table),
+            purge_tickets: sql(PURGE_TICKETS, table),
         }
     }
 
@@ -262,6 +302,77 @@ impl LockSql for MySql {
             .bind(key)
             .fetch_optional(conn)
             .await
+    }
+
+    async fn take_ticket(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+        lease_micros: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.take_ticket))
+            .bind(key)
+            .bind(lease_micros)
+            .execute(conn)
+            .await?;
+        i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+
+    async fn renew_tickets(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        tickets: &[i64],
+        lease_micros: i64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let list = serde_json::Value::from(tickets.to_vec()).to_string();
+        let done = sqlx::query(audited(&sql.renew_tickets))
+            .bind(lease_micros)
+            .bind(&list)
+            .execute(&mut *conn)
+            .await?;
+        // CLIENT_FOUND_ROWS: matched rows, and every matched row was renewed.
+        if done.rows_affected() == tickets.len() as u64 {
+            return Ok(tickets.to_vec());
+        }
+        sqlx::query_scalar(audited(&sql.live_tickets))
+            .bind(&list)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn earlier_ticket(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+        ticket: i64,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.earlier_ticket))
+            .bind(key)
+            .bind(ticket)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn drop_ticket(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        ticket: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(audited(&sql.drop_ticket))
+            .bind(ticket)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn purge_tickets(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.purge_tickets))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inspect(

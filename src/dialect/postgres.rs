@@ -25,6 +25,11 @@ pub struct Statements {
     inspect: Sql,
     reap: Sql,
     note_waiter: Sql,
+    take_ticket: Sql,
+    earlier_ticket: Sql,
+    renew_tickets: Sql,
+    drop_ticket: Sql,
+    purge_tickets: Sql,
 }
 
 const ACQUIRE: &str = "\
@@ -79,6 +84,31 @@ SELECT t.lock_key::text, t.lock_value::text, t.fencing_token,
   LEFT JOIN renewed AS r ON r.lock_key = t.lock_key
  WHERE t.lock_key IN (SELECT k FROM wanted)";
 
+// Tickets of one key are handed out one at a time (the advisory lock is held until the
+// ticket commits), so a later ticket always commits after an earlier one: a waiter that
+// checks for earlier tickets after its own committed sees every one of them.
+const TAKE_TICKET: &str = "\
+WITH serialize AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}_ticket:' || $1, 0))
+)
+INSERT INTO {table}_ticket (ticket, lock_key, expire_time)
+SELECT nextval('{table}_ticket_seq'), $1, clock_timestamp() + $2::bigint * INTERVAL '1 microsecond'
+  FROM serialize
+RETURNING ticket";
+
+const EARLIER_TICKET: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table}_ticket
+                WHERE lock_key = $1 AND ticket < $2 AND expire_time > clock_timestamp())";
+
+const RENEW_TICKETS: &str = "\
+UPDATE {table}_ticket SET expire_time = clock_timestamp() + $2::bigint * INTERVAL '1 microsecond'
+ WHERE ticket = ANY($1) AND expire_time > clock_timestamp()
+RETURNING ticket";
+
+const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = $1";
+
+const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < clock_timestamp()";
+
 const INSPECT: &str = "\
 SELECT lock_value, fencing_token, expire_time, expire_time <= clock_timestamp()
   FROM {table} WHERE lock_key = $1";
@@ -120,6 +150,10 @@ impl LockSql for Postgres {
             "V2__waiters.sql",
             include_str!("../../migrations/postgres/V2__waiters.sql"),
         ),
+        (
+            "V3__tickets.sql",
+            include_str!("../../migrations/postgres/V3__tickets.sql"),
+        ),
     ];
 
     fn statements(table: &str) -> Statements {
@@ -131,6 +165,11 @@ impl LockSql for Postgres {
             inspect: sql(INSPECT, table),
             reap: sql(REAP, table),
             note_waiter: sql(NOTE_WAITER, table),
+            take_ticket: sql(TAKE_TICKET, table),
+            earlier_ticket: sql(EARLIER_TICKET, table),
+            renew_tickets: sql(RENEW_TICKETS, table),
+            drop_ticket: sql(DROP_TICKET, table),
+            purge_tickets: sql(PURGE_TICKETS, table),
         }
     }
 
@@ -222,6 +261,64 @@ impl LockSql for Postgres {
             .bind(key)
             .fetch_optional(conn)
             .await
+    }
+
+    async fn take_ticket(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        key: &str,
+        lease_micros: i64,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.take_ticket))
+            .bind(key)
+            .bind(lease_micros)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn earlier_ticket(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        key: &str,
+        ticket: i64,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.earlier_ticket))
+            .bind(key)
+            .bind(ticket)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn renew_tickets(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        tickets: &[i64],
+        lease_micros: i64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.renew_tickets))
+            .bind(tickets)
+            .bind(lease_micros)
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn drop_ticket(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        ticket: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(audited(&sql.drop_ticket))
+            .bind(ticket)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn purge_tickets(conn: &mut PgConnection, sql: &Statements) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.purge_tickets))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn listen(

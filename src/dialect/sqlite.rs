@@ -28,6 +28,11 @@ pub struct Statements {
     inspect: Sql,
     reap: Sql,
     note_waiter: Sql,
+    take_ticket: Sql,
+    earlier_ticket: Sql,
+    renew_tickets: Sql,
+    drop_ticket: Sql,
+    purge_tickets: Sql,
 }
 
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
@@ -75,6 +80,25 @@ const INSPECT: &str = "\
 SELECT lock_value, fencing_token, expire_time, expire_time <= {now}
   FROM {table} WHERE lock_key = ?1";
 
+// One writer at a time: tickets commit in number order.
+const TAKE_TICKET: &str = "\
+INSERT INTO {table}_ticket (lock_key, expire_time)
+VALUES (?1, strftime('%Y-%m-%d %H:%M:%f', 'now', ?2))
+RETURNING ticket";
+
+const EARLIER_TICKET: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table}_ticket
+                WHERE lock_key = ?1 AND ticket < ?2 AND expire_time > {now})";
+
+const RENEW_TICKETS: &str = "\
+UPDATE {table}_ticket SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?2)
+ WHERE ticket IN (SELECT value FROM json_each(?1)) AND expire_time > {now}
+RETURNING ticket";
+
+const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = ?1";
+
+const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < {now}";
+
 // No notifications here: a waiter only learns how long the holder's lease has left.
 const NOTE_WAITER: &str = "\
 SELECT MAX(0, CAST(ROUND((julianday(expire_time) - julianday({now})) * 86400000000) AS INTEGER))
@@ -101,10 +125,16 @@ impl super::sealed::Sealed for Sqlite {}
 
 impl LockSql for Sqlite {
     type Statements = Statements;
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[(
-        "V1__distributed_lock.sql",
-        include_str!("../../migrations/sqlite/V1__distributed_lock.sql"),
-    )];
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
+        (
+            "V1__distributed_lock.sql",
+            include_str!("../../migrations/sqlite/V1__distributed_lock.sql"),
+        ),
+        (
+            "V2__tickets.sql",
+            include_str!("../../migrations/sqlite/V2__tickets.sql"),
+        ),
+    ];
 
     fn statements(table: &str) -> Statements {
         Statements {
@@ -117,6 +147,11 @@ impl LockSql for Sqlite {
             inspect: sqlite_sql(INSPECT, table),
             reap: sqlite_sql(REAP, table),
             note_waiter: sqlite_sql(NOTE_WAITER, table),
+            take_ticket: sqlite_sql(TAKE_TICKET, table),
+            earlier_ticket: sqlite_sql(EARLIER_TICKET, table),
+            renew_tickets: sqlite_sql(RENEW_TICKETS, table),
+            drop_ticket: sqlite_sql(DROP_TICKET, table),
+            purge_tickets: sqlite_sql(PURGE_TICKETS, table),
         }
     }
 
@@ -226,6 +261,67 @@ impl LockSql for Sqlite {
             .bind(key)
             .fetch_optional(conn)
             .await
+    }
+
+    async fn take_ticket(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        key: &str,
+        lease_micros: i64,
+    ) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.take_ticket))
+            .bind(key)
+            .bind(modifier(lease_micros))
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn renew_tickets(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        tickets: &[i64],
+        lease_micros: i64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.renew_tickets))
+            .bind(serde_json::Value::from(tickets.to_vec()).to_string())
+            .bind(modifier(lease_micros))
+            .fetch_all(conn)
+            .await
+    }
+
+    async fn earlier_ticket(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        key: &str,
+        ticket: i64,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.earlier_ticket))
+            .bind(key)
+            .bind(ticket)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn drop_ticket(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        ticket: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(audited(&sql.drop_ticket))
+            .bind(ticket)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn purge_tickets(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.purge_tickets))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inspect(

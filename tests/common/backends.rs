@@ -66,7 +66,7 @@ async fn connect_server<DB: sqlx::Database>(options: PoolOptions<DB>, url: &str)
 
 impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
-    const MIGRATION_FILES: usize = 2;
+    const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "now()";
     const HEARS_RELEASES: bool = true;
 
@@ -126,7 +126,7 @@ impl TestBackend for Postgres {
 
 impl TestBackend for MySql {
     const LABEL: &'static str = "mysql";
-    const MIGRATION_FILES: usize = 1;
+    const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "NOW()";
     const HEARS_RELEASES: bool = false;
 
@@ -164,7 +164,7 @@ impl TestBackend for MySql {
 
 impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
-    const MIGRATION_FILES: usize = 1;
+    const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "datetime('now')";
     const HEARS_RELEASES: bool = false;
 

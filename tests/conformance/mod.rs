@@ -2,6 +2,7 @@
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
 mod engine;
+mod fair;
 mod first_hour;
 mod inputs;
 mod interop;
@@ -17,6 +18,7 @@ mod wakeups;
 use std::time::Duration;
 
 pub use engine::*;
+pub use fair::*;
 pub use first_hour::*;
 pub use inputs::*;
 pub use interop::*;
@@ -70,6 +72,7 @@ macro_rules! conformance_suite {
             error_texts_are_actionable,
             local_waiters_are_granted_in_arrival_order,
             handed_off_waiters_wait_for_the_release,
+            fair_grants_follow_ticket_order,
             extended_to_a_short_lease_stays_renewed,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
