@@ -105,8 +105,8 @@ async fn mixed_up_prepared_statements_are_named() {
     );
     let cleanup = direct;
     for sql in [
-        format!("DROP TABLE IF EXISTS {table}, {table}_history"),
-        format!("DROP SEQUENCE IF EXISTS {table}_fencing_seq"),
+        format!("DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket"),
+        format!("DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq"),
     ] {
         sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
             .execute(&cleanup)
@@ -161,8 +161,8 @@ impl Table {
     async fn drop_all(self) {
         let t = &self.name;
         for sql in [
-            format!("DROP TABLE IF EXISTS {t}, {t}_history"),
-            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq"),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_ticket"),
+            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq, {t}_ticket_seq"),
         ] {
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                 .execute(&self.direct)

@@ -89,8 +89,8 @@ impl TestBackend for Postgres {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET lock_timeout = '10s'".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter"),
-            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq"),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter, {t}_ticket"),
+            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq, {t}_ticket_seq"),
         ]
     }
 
@@ -149,7 +149,7 @@ impl TestBackend for MySql {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET SESSION lock_wait_timeout = 10".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter"),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter, {t}_ticket"),
         ]
     }
 

@@ -73,6 +73,8 @@ macro_rules! conformance_suite {
             local_waiters_are_granted_in_arrival_order,
             handed_off_waiters_wait_for_the_release,
             fair_grants_follow_ticket_order,
+            fair_skips_a_cancelled_waiter_at_once,
+            fair_skips_a_dead_waiter_after_its_ticket_lease,
             extended_to_a_short_lease_stays_renewed,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
