@@ -2,11 +2,12 @@
 //! differ. Running a statement is the same code for every sqlx type, so a macro writes it.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::pool::PoolOptions;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Connection, MySql, Pool, Postgres, Sqlite};
 use tokio::time::Instant;
@@ -67,6 +68,7 @@ impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
     const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "now()";
+    const HEARS_RELEASES: bool = true;
 
     fn locate() -> Result<String, Unavailable> {
         servers::postgres_url()
@@ -87,12 +89,37 @@ impl TestBackend for Postgres {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET lock_timeout = '10s'".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter"),
-            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq"),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter, {t}_ticket"),
+            format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq, {t}_ticket_seq"),
         ]
     }
 
     fn forget(_: &str) {}
+
+    /// Probed as the crate's documentation says its listener checks itself: a startup
+    /// setting of our own must read back. PgBouncer refuses it ("unsupported startup
+    /// parameter in options") or drops it. Simple-protocol statements only: nothing is
+    /// prepared on a server connection a pooler may share.
+    async fn sessions_of_their_own(location: &str) -> bool {
+        let mark = uuid::Uuid::new_v4().simple().to_string();
+        let options = PgConnectOptions::from_str(location)
+            .expect("a PostgreSQL URL")
+            .options([("dblock_test.session", mark.as_str())]);
+        let mut conn = match PgConnection::connect_with(&options).await {
+            Ok(conn) => conn,
+            Err(sqlx::Error::Database(db))
+                if db.message().contains("unsupported startup parameter") =>
+            {
+                return false;
+            }
+            Err(err) => panic!("cannot connect to {location}: {err}"),
+        };
+        let read = "SELECT current_setting('dblock_test.session', true)";
+        let row = sqlx::raw_sql(read).fetch_one(&mut conn).await.unwrap();
+        let seen: Option<String> = sqlx::Row::get(&row, 0);
+        conn.close().await.unwrap();
+        seen.as_deref() == Some(mark.as_str())
+    }
 
     run_statements!();
 }
@@ -101,6 +128,7 @@ impl TestBackend for MySql {
     const LABEL: &'static str = "mysql";
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "NOW()";
+    const HEARS_RELEASES: bool = false;
 
     fn locate() -> Result<String, Unavailable> {
         servers::mysql_url()
@@ -121,11 +149,15 @@ impl TestBackend for MySql {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET SESSION lock_wait_timeout = 10".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter"),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter, {t}_ticket"),
         ]
     }
 
     fn forget(_: &str) {}
+
+    async fn sessions_of_their_own(_: &str) -> bool {
+        true
+    }
 
     run_statements!();
 }
@@ -134,6 +166,7 @@ impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "datetime('now')";
+    const HEARS_RELEASES: bool = false;
 
     /// Every test gets a file of its own.
     fn locate() -> Result<String, Unavailable> {
@@ -182,6 +215,10 @@ impl TestBackend for Sqlite {
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(PathBuf::from(format!("{location}{suffix}")));
         }
+    }
+
+    async fn sessions_of_their_own(_: &str) -> bool {
+        true
     }
 
     run_statements!();

@@ -40,6 +40,9 @@ pub trait TestBackend: Backend {
     const MIGRATION_FILES: usize;
     /// The database clock as a plain client writes it.
     const NOW: &'static str;
+    /// Whether a release wakes waiters of other Lockers (PostgreSQL `LISTEN`/`NOTIFY`);
+    /// elsewhere they poll, and a Locker never reports [`Locker::listening`].
+    const HEARS_RELEASES: bool;
 
     /// Where a test's database is: a server URL, or a fresh SQLite file. `Err` says why
     /// the backend is unavailable.
@@ -60,6 +63,10 @@ pub trait TestBackend: Backend {
 
     /// Removes whatever is left of `location` once its pools are gone (SQLite files).
     fn forget(location: &str);
+
+    /// Whether a connection to `location` is a session of its own, so that a release
+    /// listener may be opened there (see [`TestDb::hears_releases`]).
+    fn sessions_of_their_own(location: &str) -> impl Future<Output = bool> + Send;
 
     /// Runs one statement; the number of rows it affected.
     fn exec(
@@ -142,6 +149,14 @@ impl<DB: TestBackend> TestDb<DB> {
             locker,
             plain,
         })
+    }
+
+    /// Whether waiters of this database are woken by releases in other Lockers: the
+    /// backend notifies ([`TestBackend::HEARS_RELEASES`]) and its address is a server
+    /// session of its own. Behind a pooler (CI runs the PostgreSQL suite through
+    /// PgBouncer too) dblock does not open its listener, and waiters poll.
+    pub async fn hears_releases(&self) -> bool {
+        DB::HEARS_RELEASES && DB::sessions_of_their_own(&self.location).await
     }
 
     /// A second, independent pool on the same database (another "process").
@@ -251,6 +266,50 @@ impl<DB: TestBackend> Plain<DB> {
         );
         let n = DB::fetch_i64(&self.pool, sql, vec![key.into()]).await;
         n.expect("plain expiry check") == Some(1)
+    }
+
+    /// Whether a waiter marked the key's row, asking its release to notify (the
+    /// `waiters` column: PostgreSQL only).
+    pub async fn marked(&self, key: &str) -> bool {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE lock_key = {} AND waiters",
+            self.table,
+            DB::param(1)
+        );
+        let n = DB::fetch_i64(&self.pool, sql, vec![key.into()]).await;
+        n.expect("read the waiters mark") == Some(1)
+    }
+
+    /// The condition on `pg_stat_activity` that picks the release listeners of this
+    /// table: dblock names them, and a listener's last statement is its `LISTEN` (sqlx
+    /// appends a `;` when it listens again after reconnecting by itself).
+    fn listener_sessions(&self) -> String {
+        let listen = format!(r#"LISTEN "dblock:{}""#, self.table);
+        format!("application_name = 'dblock-listener' AND query IN ('{listen}', '{listen};')")
+    }
+
+    /// How many release listeners of this table are connected (PostgreSQL only).
+    pub async fn listeners(&self) -> i64 {
+        let sql = format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE {}",
+            self.listener_sessions()
+        );
+        let n = DB::fetch_i64(&self.pool, sql, vec![]).await;
+        n.expect("count listeners").expect("COUNT returns a row")
+    }
+
+    /// Terminates the release listeners of this table, as a server restart or an
+    /// operator would (PostgreSQL only); how many it terminated. Only the rows the
+    /// condition picks are terminated: the call is in the select list, not the WHERE.
+    pub async fn kill_listeners(&self) -> i64 {
+        let sql = format!(
+            "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) AS killed \
+               FROM pg_stat_activity WHERE {}) AS k WHERE killed",
+            self.listener_sessions()
+        );
+        let n = DB::fetch_i64(&self.pool, sql, vec![]).await;
+        n.expect("terminate listeners")
+            .expect("COUNT returns a row")
     }
 
     /// Rows in the lock table.

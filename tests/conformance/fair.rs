@@ -77,3 +77,133 @@ pub async fn fair_grants_follow_ticket_order<DB: TestBackend>() {
     );
     assert_eq!(tickets(&db).await, 0, "every ticket was deleted");
 }
+
+/// Two fair Lockers on their own pools (two "processes").
+async fn two_fair_lockers<DB: TestBackend>(db: &TestDb<DB>) -> [Locker<DB>; 2] {
+    let fair = |pool| {
+        Locker::builder(pool)
+            .table(&db.table)
+            .fair(true)
+            .default_lease(LONG)
+            .build()
+            .unwrap()
+    };
+    [fair(db.pool.clone()), fair(db.another_pool().await)]
+}
+
+/// Five waiters queue with tickets, alternating between two fair Lockers; the one in the
+/// middle is cancelled and the key released at once. Its ticket is deleted as it goes
+/// (its lease, 30 s, would outlast the test's patience): the ones behind it are granted
+/// in order right away, and no ticket is left.
+pub async fn fair_skips_a_cancelled_waiter_at_once<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    const WAITERS: usize = 5;
+    const CANCELLED: usize = 2;
+    let key = "fair-cancel";
+    let lockers = two_fair_lockers(&db).await;
+    let holder = lockers[0].try_acquire(key, LONG).await.unwrap().unwrap();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for n in 0..WAITERS {
+        let (waiter, granted) = (lockers[n % 2].clone(), Arc::clone(&granted));
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.acquire(key, LONG, PATIENCE).await.unwrap();
+            granted.lock().unwrap().push((n, Instant::now()));
+            guard.release().await.unwrap();
+        }));
+        ticketed(&db, n as i64 + 1).await;
+    }
+    tasks[CANCELLED].abort();
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    for (n, task) in tasks.into_iter().enumerate() {
+        if n != CANCELLED {
+            timeout(PATIENCE, task).await.unwrap().unwrap();
+        }
+    }
+    let granted = granted.lock().unwrap().clone();
+    let order: Vec<usize> = granted.iter().map(|(n, _)| *n).collect();
+    let expected: Vec<usize> = (0..WAITERS).filter(|&n| n != CANCELLED).collect();
+    assert_eq!(order, expected, "granted out of order");
+    // Each grant is a release and a wake-up or a short poll; the cancelled ticket's
+    // expiry would be 30 s.
+    let chain = granted.last().unwrap().1 - released;
+    assert!(chain < Duration::from_secs(5), "4 grants took {chain:?}");
+    ticketed(&db, 0).await;
+}
+
+/// A waiter that died while queued (a ticket row that nobody renews, written by plain
+/// SQL with a 2 s lease) holds up the waiters behind it until its lease ends, not longer,
+/// and not the one ahead of it. Grants follow ticket order around it.
+pub async fn fair_skips_a_dead_waiter_after_its_ticket_lease<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "fair-dead";
+    let lockers = two_fair_lockers(&db).await;
+    let holder = lockers[0].try_acquire(key, LONG).await.unwrap().unwrap();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let spawn = |n: usize| {
+        let (waiter, granted) = (lockers[n % 2].clone(), Arc::clone(&granted));
+        tokio::spawn(async move {
+            let guard = waiter.acquire(key, LONG, PATIENCE).await.unwrap();
+            granted
+                .lock()
+                .unwrap()
+                .push((n, guard.ticket(), Instant::now()));
+            guard.release().await.unwrap();
+        })
+    };
+    let first = spawn(0);
+    ticketed(&db, 1).await;
+    // The dead waiter's ticket: the database's clock plus 2 s (SQLite's `datetime`
+    // keeps whole seconds, so there it may end up to 1 s sooner).
+    let dead_from = Instant::now();
+    let insert = format!(
+        "INSERT INTO {}_ticket (lock_key, expire_time) VALUES ({}, {})",
+        db.table,
+        DB::param(1),
+        DB::now_plus(2)
+    );
+    DB::exec(&db.pool, insert, vec![key.into()]).await.unwrap();
+    let max = format!("SELECT MAX(ticket) FROM {}_ticket", db.table);
+    let dead = DB::fetch_i64(&db.pool, max, vec![]).await.unwrap().unwrap();
+    let second = spawn(1);
+    ticketed(&db, 3).await;
+    let third = spawn(2);
+    ticketed(&db, 4).await;
+
+    holder.release().await.unwrap();
+    timeout(PATIENCE, first).await.unwrap().unwrap();
+    for task in [second, third] {
+        timeout(PATIENCE, task).await.unwrap().unwrap();
+    }
+    let granted = granted.lock().unwrap().clone();
+    let order: Vec<usize> = granted.iter().map(|(n, ..)| *n).collect();
+    assert_eq!(order, [0, 1, 2], "granted out of order");
+    let tickets: Vec<i64> = granted
+        .iter()
+        .map(|(_, t, _)| t.expect("a ticket"))
+        .collect();
+    assert!(
+        tickets[0] < dead && dead < tickets[1] && tickets[1] < tickets[2],
+        "tickets {tickets:?} around the dead one, {dead}"
+    );
+    let (ahead, next) = (granted[0].2 - dead_from, granted[1].2 - dead_from);
+    assert!(
+        ahead < Duration::from_secs(1),
+        "the one ahead waited {ahead:?}"
+    );
+    assert!(
+        next >= Duration::from_secs(1),
+        "granted past a live ticket after {next:?}"
+    );
+    assert!(
+        next < Duration::from_secs(4),
+        "held up {next:?} by a ticket with a 2 s lease"
+    );
+    // The waiters' tickets are gone; the dead one stays until it is purged.
+    ticketed(&db, 1).await;
+}

@@ -13,6 +13,7 @@ mod ownership;
 mod queue;
 mod racing;
 mod waiting;
+mod wakeups;
 
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ pub use ownership::*;
 pub use queue::*;
 pub use racing::*;
 pub use waiting::*;
+pub use wakeups::*;
 
 /// A lease that never runs out during a test.
 const LONG: Duration = Duration::from_secs(30);
@@ -69,11 +71,17 @@ macro_rules! conformance_suite {
             missing_table_says_migrate,
             error_texts_are_actionable,
             local_waiters_are_granted_in_arrival_order,
+            handed_off_waiters_wait_for_the_release,
             fair_grants_follow_ticket_order,
+            fair_skips_a_cancelled_waiter_at_once,
+            fair_skips_a_dead_waiter_after_its_ticket_lease,
             extended_to_a_short_lease_stays_renewed,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
             leases_of_different_lengths_renew_on_their_own_schedule,
+            releases_elsewhere_wake_waiters,
+            killed_listener_comes_back,
+            waiters_hold_no_connection,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
