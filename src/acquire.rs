@@ -268,10 +268,12 @@ impl<DB: Backend> Engine<DB> {
                     AfterLoss::GiveUp => break,
                 }
             } else if head {
-                match backoff.next_pause() {
-                    Some(pause) => pause,
-                    None => break,
+                // Held by the waiter that was ahead: its release (or the engine, if that
+                // lease is lost) wakes this one; the sleep only guards a signal never sent.
+                if Instant::now() >= deadline {
+                    break;
                 }
+                backoff.longest()
             } else if Instant::now() < deadline {
                 deadline - Instant::now()
             } else {

@@ -423,9 +423,10 @@ async fn open_listener(
     };
     pg.ignore_pool_close_event(true);
     if !listener.given {
-        let seen: Option<String> = sqlx::query_scalar(READ_SESSION_MARK)
-            .fetch_one(&mut pg)
-            .await?;
+        // A simple query: no prepared statement is left on a connection that may be a
+        // pooler's, shared with other clients.
+        let row = sqlx::raw_sql(READ_SESSION_MARK).fetch_one(&mut pg).await?;
+        let seen: Option<String> = sqlx::Row::try_get(&row, 0)?;
         if seen.as_deref() != Some(mark.as_str()) {
             tracing::info!(
                 "the listener's connection is not a session of its own (a transaction pooler?): \
