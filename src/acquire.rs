@@ -236,12 +236,11 @@ impl<DB: Backend> Engine<DB> {
         let started = Instant::now();
         let deadline = started + wait;
         let place = self.queues().join(key);
-        let mut backoff = Backoff::new(self.retry_policy(), deadline);
+        let mut pacing = Pacing::new(self.retry_policy(), deadline);
         let mut attempts = 0u32;
         // Whether the head's next turn starts with an attempt: not while the key is held
         // by the waiter that was ahead (its release says when).
         let mut try_now = true;
-        let mut retried_free = false;
         loop {
             let head = place.is_head();
             // A zero wait is one attempt, queue or not: `try` semantics.
@@ -254,16 +253,8 @@ impl<DB: Backend> Engine<DB> {
                 if wait.is_zero() {
                     break;
                 }
-                let retry_free = !retried_free;
-                retried_free = false;
-                match self
-                    .after_loss(key, &mut backoff, deadline, retry_free)
-                    .await
-                {
-                    AfterLoss::TryAgain => {
-                        retried_free = true;
-                        continue;
-                    }
+                match pacing.after_loss(self, key).await {
+                    AfterLoss::TryAgain => continue,
                     AfterLoss::Sleep(pause) => pause,
                     AfterLoss::GiveUp => break,
                 }
@@ -273,7 +264,7 @@ impl<DB: Backend> Engine<DB> {
                 if Instant::now() >= deadline {
                     break;
                 }
-                backoff.longest()
+                pacing.backoff.longest()
             } else if Instant::now() < deadline {
                 deadline - Instant::now()
             } else {
@@ -311,7 +302,7 @@ impl<DB: Backend> Engine<DB> {
     /// pause, or until the lease ends (plus a little jitter, so that waiters of several
     /// processes do not all arrive at that instant) if that is sooner. A key found free
     /// is tried again at once if `retry_free` (not twice in a row).
-    pub(crate) async fn after_loss(
+    async fn after_loss(
         &self,
         key: &str,
         backoff: &mut Backoff,
@@ -341,6 +332,38 @@ impl<DB: Backend> Engine<DB> {
             // (an error here is not the caller's: the next attempt reports an outage).
             _ => AfterLoss::Sleep(pause),
         }
+    }
+}
+
+/// How a waiter spaces its attempts: its backoff, and whether its last lost attempt
+/// found the key free (such a key is tried again at once, but not twice in a row).
+pub(crate) struct Pacing {
+    backoff: Backoff,
+    deadline: Instant,
+    retried_free: bool,
+}
+
+impl Pacing {
+    pub(crate) fn new(policy: &crate::config::RetryPolicy, deadline: Instant) -> Self {
+        Pacing {
+            backoff: Backoff::new(policy, deadline),
+            deadline,
+            retried_free: false,
+        }
+    }
+
+    /// What to do after a lost attempt ([`Engine::after_loss`]).
+    pub(crate) async fn after_loss<DB: Backend>(
+        &mut self,
+        engine: &Engine<DB>,
+        key: &str,
+    ) -> AfterLoss {
+        let retry_free = !self.retried_free;
+        let next = engine
+            .after_loss(key, &mut self.backoff, self.deadline, retry_free)
+            .await;
+        self.retried_free = matches!(next, AfterLoss::TryAgain);
+        next
     }
 }
 

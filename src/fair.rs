@@ -24,12 +24,12 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep};
 use tokio_util::sync::CancellationToken;
 
-use crate::acquire::AfterLoss;
+use crate::acquire::{AfterLoss, Pacing};
 use crate::dialect::Backend;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::lease::Lease;
-use crate::retry::{Backoff, by};
+use crate::retry::by;
 use crate::table::LockTable;
 
 /// Every this many renewal passes, expired tickets (of waiters that died) are deleted.
@@ -192,10 +192,9 @@ impl<DB: Backend> Engine<DB> {
         let started = Instant::now();
         let deadline = started + wait;
         let place = self.queues().join_fair(key);
-        let mut backoff = Backoff::new(self.retry_policy(), deadline);
+        let mut pacing = Pacing::new(self.retry_policy(), deadline);
         let mut ticket: Option<Ticket<'_, DB>> = None;
         let mut attempts = 0u32;
-        let mut retried_free = false;
         loop {
             if ticket.as_ref().is_some_and(Ticket::lost) {
                 tracing::debug!(key, "a waiter's ticket lapsed; it queues again at the back");
@@ -215,16 +214,8 @@ impl<DB: Backend> Engine<DB> {
             if ticket.is_none() {
                 ticket = Some(self.take_ticket(key, tickets).await?);
             }
-            let retry_free = !retried_free;
-            retried_free = false;
-            let pause = match self
-                .after_loss(key, &mut backoff, deadline, retry_free)
-                .await
-            {
-                AfterLoss::TryAgain => {
-                    retried_free = true;
-                    continue;
-                }
+            let pause = match pacing.after_loss(self, key).await {
+                AfterLoss::TryAgain => continue,
                 AfterLoss::Sleep(pause) => pause,
                 AfterLoss::GiveUp => break,
             };

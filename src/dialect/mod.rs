@@ -69,6 +69,51 @@ macro_rules! scripts_and_history {
     };
 }
 
+/// The waiting and fair-mode statements whose reading is the same for every database
+/// (one bound key or ticket, one scalar or row count back); their SQL stays in each
+/// dialect's `Statements`.
+macro_rules! waiters_and_tickets {
+    () => {
+        fn note_waiter(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+            key: &str,
+        ) -> impl std::future::Future<Output = Result<Option<i64>, sqlx::Error>> + Send {
+            let query = sqlx::query_scalar(super::audited(&sql.note_waiter)).bind(key.to_owned());
+            async move { query.fetch_optional(conn).await }
+        }
+
+        fn earlier_ticket(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+            key: &str,
+            ticket: i64,
+        ) -> impl std::future::Future<Output = Result<bool, sqlx::Error>> + Send {
+            let query = sqlx::query_scalar(super::audited(&sql.earlier_ticket))
+                .bind(key.to_owned())
+                .bind(ticket);
+            async move { query.fetch_one(conn).await }
+        }
+
+        fn drop_ticket(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+            ticket: i64,
+        ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send {
+            let query = sqlx::query(super::audited(&sql.drop_ticket)).bind(ticket);
+            async move { query.execute(conn).await.map(drop) }
+        }
+
+        fn purge_tickets(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+        ) -> impl std::future::Future<Output = Result<u64, sqlx::Error>> + Send {
+            let query = sqlx::query(super::audited(&sql.purge_tickets));
+            async move { Ok(query.execute(conn).await?.rows_affected()) }
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]

@@ -293,17 +293,6 @@ impl LockSql for MySql {
             .collect())
     }
 
-    async fn note_waiter(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.note_waiter))
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn take_ticket(
         conn: &mut MySqlConnection,
         sql: &Statements,
@@ -338,41 +327,6 @@ impl LockSql for MySql {
             .bind(&list)
             .fetch_all(conn)
             .await
-    }
-
-    async fn earlier_ticket(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        key: &str,
-        ticket: i64,
-    ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.earlier_ticket))
-            .bind(key)
-            .bind(ticket)
-            .fetch_one(conn)
-            .await
-    }
-
-    async fn drop_ticket(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        ticket: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(audited(&sql.drop_ticket))
-            .bind(ticket)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn purge_tickets(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.purge_tickets))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
     }
 
     async fn inspect(
@@ -436,6 +390,7 @@ impl LockSql for MySql {
     }
 
     scripts_and_history!();
+    waiters_and_tickets!();
 }
 
 impl TxSql for MySql {

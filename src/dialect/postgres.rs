@@ -252,17 +252,6 @@ impl LockSql for Postgres {
         Ok(row.map(Inspected::from))
     }
 
-    async fn note_waiter(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.note_waiter))
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn take_ticket(
         conn: &mut PgConnection,
         sql: &Statements,
@@ -272,19 +261,6 @@ impl LockSql for Postgres {
         sqlx::query_scalar(audited(&sql.take_ticket))
             .bind(key)
             .bind(lease_micros)
-            .fetch_one(conn)
-            .await
-    }
-
-    async fn earlier_ticket(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        key: &str,
-        ticket: i64,
-    ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.earlier_ticket))
-            .bind(key)
-            .bind(ticket)
             .fetch_one(conn)
             .await
     }
@@ -300,25 +276,6 @@ impl LockSql for Postgres {
             .bind(lease_micros)
             .fetch_all(conn)
             .await
-    }
-
-    async fn drop_ticket(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        ticket: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(audited(&sql.drop_ticket))
-            .bind(ticket)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn purge_tickets(conn: &mut PgConnection, sql: &Statements) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.purge_tickets))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
     }
 
     async fn listen(
@@ -378,6 +335,7 @@ impl LockSql for Postgres {
     }
 
     scripts_and_history!();
+    waiters_and_tickets!();
 }
 
 /// The channel the releases of `table` are announced on (see `RELEASE`).

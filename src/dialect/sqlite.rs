@@ -252,17 +252,6 @@ impl LockSql for Sqlite {
         Ok(rows)
     }
 
-    async fn note_waiter(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.note_waiter))
-            .bind(key)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn take_ticket(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -287,41 +276,6 @@ impl LockSql for Sqlite {
             .bind(modifier(lease_micros))
             .fetch_all(conn)
             .await
-    }
-
-    async fn earlier_ticket(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        key: &str,
-        ticket: i64,
-    ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.earlier_ticket))
-            .bind(key)
-            .bind(ticket)
-            .fetch_one(conn)
-            .await
-    }
-
-    async fn drop_ticket(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        ticket: i64,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(audited(&sql.drop_ticket))
-            .bind(ticket)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    async fn purge_tickets(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-    ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.purge_tickets))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
     }
 
     async fn inspect(
@@ -403,6 +357,7 @@ impl LockSql for Sqlite {
     }
 
     scripts_and_history!();
+    waiters_and_tickets!();
 }
 
 impl TxSql for Sqlite {

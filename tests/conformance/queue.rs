@@ -85,16 +85,16 @@ pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
     assert_eq!(locker.holder(key).await.unwrap(), None);
 }
 
-/// Five tasks queue behind a held key and each holds the lock for a while (30 ms, longer
+/// Eight tasks queue behind a held key and each holds the lock for a while (30 ms, longer
 /// than a head's first backoff pause, 0 to 10 ms) before it releases. A waiter that
 /// becomes the head because the one ahead won knows the key is held and waits for its
 /// release: every grant costs exactly one attempt, the winning one; only the first head,
-/// whose turn came from the test's release, may have one more in flight at that moment.
+/// whose turn came from the test's release, may have a few more around that moment.
 pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    const WAITERS: usize = 5;
+    const WAITERS: usize = 8;
     const HOLD: Duration = Duration::from_millis(30);
     let key = "held-ahead";
     let locker = db.locker.clone();
@@ -117,8 +117,11 @@ pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
     }
     let attempts = locker.stats().attempts - before;
     let grants = WAITERS as u64;
+    // The first head's backoff pauses are full-jitter draws from 0-10 ms, so around the
+    // test's release it may send up to a few attempts of its own; a handed-off head that
+    // tried while the key was held would add at least one per handoff (7 here).
     assert!(
-        (grants..=grants + 1).contains(&attempts),
+        (grants..=grants + 3).contains(&attempts),
         "{attempts} attempts for {grants} grants: handed-off heads tried while the key was \
          held by the waiter ahead"
     );
