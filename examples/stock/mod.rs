@@ -234,17 +234,18 @@ macro_rules! stock_db {
     };
 }
 stock_db!(sqlx::Postgres, true, |t, l| vec![
-    format!("DROP TABLE IF EXISTS {t}, {l}, {l}_history"),
-    format!("DROP SEQUENCE IF EXISTS {l}_fencing_seq"),
+    format!("DROP TABLE IF EXISTS {t}, {l}, {l}_history, {l}_ticket"),
+    format!("DROP SEQUENCE IF EXISTS {l}_fencing_seq, {l}_ticket_seq"),
 ]);
 stock_db!(sqlx::MySql, false, |t, l| vec![format!(
-    "DROP TABLE IF EXISTS {t}, {l}, {l}_history, {l}_fencing"
+    "DROP TABLE IF EXISTS {t}, {l}, {l}_history, {l}_fencing, {l}_ticket"
 )]);
 stock_db!(sqlx::Sqlite, false, |t, l| vec![
     format!("DROP TABLE IF EXISTS {t}"),
     format!("DROP TABLE IF EXISTS {l}"),
     format!("DROP TABLE IF EXISTS {l}_history"),
     format!("DROP TABLE IF EXISTS {l}_fencing"),
+    format!("DROP TABLE IF EXISTS {l}_ticket"),
 ]);
 
 /// Everything the workers share: the pool, the helpers and the statements.
