@@ -14,9 +14,11 @@
 //! its own reads [`BenchDb::statements_seen`] before the workers start and again once
 //! they have exited and their sessions are gone ([`BenchDb::await_sessions_gone`]: the
 //! workers' pools carry the dedicated pools' name; PostgreSQL counts a session's
-//! statements when it exits), less what the readings sent; divided by the acquisitions of
-//! both workers, so a figure per acquire + hold + release cycle, including the workers'
-//! connection setup, cancelled waiters and (fair mode) tickets.
+//! statements when it exits; the Locker's listener session is not awaited, it ends with
+//! its process, and a reading 11 s later found the count settled), less what the
+//! readings sent; divided by the acquisitions of both workers, so a figure per acquire +
+//! hold + release cycle, including the workers' connection setup, cancelled waiters and
+//! (fair mode) tickets.
 
 use std::fmt::Write as _;
 use std::time::Duration;
