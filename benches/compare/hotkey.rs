@@ -1,4 +1,4 @@
-//! Section 3: one hot key, waiting acquires (issue 10). Three cells per server, each
+//! Section 3: one hot key, waiting acquires (issue 10). Four cells per server, each
 //! holder keeping the key [`HOLD`](crate::hotkey_tasks::HOLD) (2 ms):
 //!
 //! 1. **8 tasks in one process**, one Locker (this module). Every task loops:
@@ -21,10 +21,11 @@
 //! 3. **100 waiters through a pool of 4** ([`hotkey_pool`](crate::hotkey_pool)): one
 //!    holder keeps the key (short lease, renewed) for the whole round while 100 tasks
 //!    wait for it; statements per second the server sees, dblock against polling.
-//!
-//! FAIR MODE (to be added by hand later): a fourth cell, "fair mode", belongs here, after
-//! cell 1 and measured the same way (8 tasks, one Locker, same columns and targets);
-//! [`section`] is where it is run and its table appended.
+//! 4. **Fair mode, 2 processes x 4 tasks** ([`hotkey_fair`](crate::hotkey_fair)): cell
+//!    2's workers, in rounds with Lockers built `fair(true)` and with the default; each
+//!    worker reports its grants (fencing token, ticket), and the parent merges them in
+//!    grant order (by fencing token) and counts the grants against their tickets' order
+//!    (target: none), with shares, waits and statements on the server per acquisition.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -40,14 +41,16 @@ use crate::measure::{Samples, median, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
-use crate::{hotkey_pool, hotkey_procs};
+use crate::{hotkey_fair, hotkey_pool, hotkey_procs};
 
 /// The section's introduction in the report (the same for every server).
 pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
-    Issue 10's cells, each holder keeping the key 2 ms: (1) 8 tasks through one Locker, \
-    (2) 2 processes x 4 tasks, each process with its own Locker and pool, (3) 100 waiters \
-    through a pool of 4 while one holder keeps the key. *Polling* is the old design \
-    reproduced with the public API: `try_acquire`, then sleep the retry policy's jittered \
+    Issue 10's cells, then fair mode, each holder keeping the key 2 ms: (1) 8 tasks \
+    through one Locker, (2) 2 processes x 4 tasks, each process with its own Locker and \
+    pool, (3) 100 waiters through a pool of 4 while one holder keeps the key, (4) fair \
+    mode (`fair(true)`, tickets) against the default, 2 processes x 4 tasks as in (2), \
+    grants checked against ticket order. *Polling* is the old design reproduced with the \
+    public API: `try_acquire`, then sleep the retry policy's jittered \
     exponential backoff (`RetryPolicy::default().delays()`), no local queue. Wait = acquire \
     called -> returned, for acquisitions that succeeded: a round's end cancels the acquires \
     still waiting (they are cancel safe), which counts neither as an error nor as a wait, \
@@ -129,13 +132,15 @@ pub async fn section<DB: BenchDb>(settings: &Settings, server: &Server<DB>) -> S
         "#### 3.1 8 tasks, one Locker\n\n",
         "#### 3.2 2 processes x 4 tasks\n\n",
         "#### 3.3 100 waiters through a pool of 4\n\n",
+        "#### 3.4 Fair mode, 2 processes x 4 tasks\n\n",
     ];
     for (i, heading) in cells.into_iter().enumerate() {
         out.push_str(heading);
         let cell = match i {
             0 => one_locker(settings, server).await,
             1 => hotkey_procs::cell(settings, server).await,
-            _ => hotkey_pool::cell(settings, server).await,
+            2 => hotkey_pool::cell(settings, server).await,
+            _ => hotkey_fair::cell(settings, server).await,
         };
         match cell {
             Ok(md) => out.push_str(&md),

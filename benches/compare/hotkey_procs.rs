@@ -2,12 +2,16 @@
 //! its own Locker and pool.
 //!
 //! The bench re-executes itself (`std::env::current_exe()`) as two workers. A worker is
-//! told what to do by [`WORKER_ENV`] (`table key tasks duration_ms start_unix_ms`; the
-//! server URL comes apart in [`WORKER_URL_ENV`], so a password never shows in a process
-//! list), which `main` checks before it reads any flag. Each worker connects, opens its
-//! connections, sleeps until the absolute start time both were given, runs the loop of
-//! cell 1 (`acquire`, hold 2 ms, `release`) for the round's length, and prints one line
-//! on stdout (`hotkey-worker key=value ...`, waits as nanoseconds) that the parent reads.
+//! told what to do by [`WORKER_ENV`] (`table key tasks duration_ms start_unix_ms mode`,
+//! mode `default` or `fair`; the server URL comes apart in [`WORKER_URL_ENV`], so a
+//! password never shows in a process list), which `main` checks before it reads any flag.
+//! Each worker connects (a pool of [`POOL_SIZE`] named as the bench's dedicated pools, so
+//! [`BenchDb::await_sessions_gone`] sees its sessions), opens its connections, sleeps
+//! until the absolute start time both were given, runs the loop of cell 1 (`acquire`,
+//! hold 2 ms, `release`) for the round's length, shuts its Locker down and closes its
+//! pool, and prints one line on stdout (`hotkey-worker key=value ...`, waits as
+//! nanoseconds, grants as `fencing_token:ticket`) that the parent reads. Cell 4
+//! ([`hotkey_fair`](crate::hotkey_fair)) runs the same workers through [`round`].
 
 use std::fmt::Write as _;
 use std::process::Stdio;
@@ -15,14 +19,14 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dblock::Locker;
-use sqlx::Pool;
+use sqlx::{MySql, Pool, Postgres};
 use tokio::time::Instant;
 
 use crate::handwritten::new_owner;
-use crate::hotkey_tasks::{Side, contend};
+use crate::hotkey_tasks::{Grant, Side, contend};
 use crate::measure::{Samples, median, spread};
 use crate::report::{Table, count, ms, ms_f, verdict};
-use crate::servers::{BenchDb, Server};
+use crate::servers::{BenchDb, POOL_SIZE, Server};
 use crate::settings::Settings;
 
 /// Set (to the job) in a worker's environment only.
@@ -41,17 +45,36 @@ const START_AFTER: Duration = Duration::from_millis(2000);
 const SHARE_RANGE: (f64, f64) = (0.40, 0.60);
 const TARGET_P99: Duration = Duration::from_millis(100);
 
+/// How a worker's Locker waits: dblock's default, or fair mode (tickets).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mode {
+    Default,
+    Fair,
+}
+
+impl Mode {
+    /// Its word in the job.
+    fn word(self) -> &'static str {
+        match self {
+            Mode::Default => "default",
+            Mode::Fair => "fair",
+        }
+    }
+}
+
 /// What one worker reports.
 #[derive(Default)]
-struct Report {
-    acquisitions: u64,
-    attempts: u64,
-    acquire_errors: u64,
-    release_errors: u64,
+pub struct Report {
+    pub acquisitions: u64,
+    pub attempts: u64,
+    pub acquire_errors: u64,
+    pub release_errors: u64,
     /// How late the worker was ready for the start (zero when on time).
-    late: Duration,
-    waits: Samples,
-    first_error: Option<String>,
+    pub late: Duration,
+    pub waits: Samples,
+    /// Its grants, in its own order of acquisition.
+    pub grants: Vec<Grant>,
+    pub first_error: Option<String>,
 }
 
 /// Runs as a worker if this process was started as one: returns `false` at once when it
@@ -62,13 +85,13 @@ pub async fn worker_if_asked() -> bool {
     };
     let url = std::env::var(WORKER_URL_ENV).unwrap_or_default();
     let outcome = if url.starts_with("postgres") {
-        match crate::servers::postgres(&url).await {
-            Ok(server) => worker(server.pool, &job).await,
+        match Postgres::dedicated_pool(&url, POOL_SIZE).await {
+            Ok(pool) => worker(pool, &job).await,
             Err(e) => Err(e.to_string()),
         }
     } else {
-        match crate::servers::mysql(&url).await {
-            Ok(server) => worker(server.pool, &job).await,
+        match MySql::dedicated_pool(&url, POOL_SIZE).await {
+            Ok(pool) => worker(pool, &job).await,
             Err(e) => Err(e.to_string()),
         }
     };
@@ -87,8 +110,13 @@ pub async fn worker_if_asked() -> bool {
 /// One worker's run; its report line.
 async fn worker<DB: BenchDb>(pool: Pool<DB>, job: &str) -> Result<String, String> {
     let words: Vec<&str> = job.split_whitespace().collect();
-    let &[table, key, tasks, duration_ms, start_ms] = words.as_slice() else {
+    let &[table, key, tasks, duration_ms, start_ms, mode] = words.as_slice() else {
         return Err(format!("cannot read the job {job:?}"));
+    };
+    let fair = match mode {
+        "fair" => true,
+        "default" => false,
+        _ => return Err(format!("unknown mode {mode:?} in the job {job:?}")),
     };
     let number = |s: &str| s.parse::<u64>().map_err(|e| format!("{s:?}: {e}"));
     let tasks = usize::try_from(number(tasks)?).map_err(|e| e.to_string())?;
@@ -97,6 +125,7 @@ async fn worker<DB: BenchDb>(pool: Pool<DB>, job: &str) -> Result<String, String
 
     let locker = Locker::builder(pool.clone())
         .table(table)
+        .fair(fair)
         .build()
         .map_err(|e| e.to_string())?;
     // Open the connections the tasks will use before the start, not inside the round.
@@ -112,22 +141,35 @@ async fn worker<DB: BenchDb>(pool: Pool<DB>, job: &str) -> Result<String, String
         }
         Err(passed) => passed.duration(),
     };
-    let side = Arc::new(Side::Dblock(locker));
+    let side = Arc::new(Side::Dblock(locker.clone()));
     let done = contend(&side, key, tasks, Instant::now() + length).await;
+    // The round's end cancelled the waiting acquires; let their background work (fair
+    // mode: deleting their tickets) finish, and end the sessions, before reporting.
+    let _ = tokio::time::timeout(Duration::from_secs(10), locker.shutdown()).await;
+    pool.close().await;
     let waits: Vec<String> = done
         .turns
         .iter()
         .map(|t| t.waited.as_nanos().to_string())
         .collect();
+    let grants: Vec<String> = done
+        .turns
+        .iter()
+        .map(|t| match t.grant.ticket {
+            Some(ticket) => format!("{}:{ticket}", t.grant.token),
+            None => format!("{}:-", t.grant.token),
+        })
+        .collect();
     let mut line = format!(
         "{REPORT} acquisitions={} attempts={} acquire_errors={} release_errors={} late_ns={} \
-         waits_ns={}",
+         waits_ns={} grants={}",
         done.turns.len(),
         side.attempts(),
         done.acquire_errors,
         done.release_errors,
         late.as_nanos(),
         waits.join(","),
+        grants.join(","),
     );
     if let Some(err) = done.first_error {
         // Last, as the rest of the line: it may hold spaces.
@@ -166,6 +208,11 @@ impl Report {
                         r.waits.push(Duration::from_nanos(number(wait)?));
                     }
                 }
+                "grants" => {
+                    for grant in value.split(',').filter(|g| !g.is_empty()) {
+                        r.grants.push(parse_grant(grant)?);
+                    }
+                }
                 _ => {}
             }
         }
@@ -173,8 +220,28 @@ impl Report {
     }
 }
 
-/// One round: both workers on `key`, started together; their reports in spawn order.
-async fn round(url: &str, key: &str, length: Duration) -> Result<Vec<Report>, String> {
+/// `fencing_token:ticket`, the ticket `-` when the grant waited on none.
+fn parse_grant(grant: &str) -> Result<Grant, String> {
+    let fail = |e: &dyn std::fmt::Display| format!("cannot read the grant {grant:?}: {e}");
+    let (token, ticket) = grant.split_once(':').ok_or_else(|| fail(&"no `:`"))?;
+    Ok(Grant {
+        token: token.parse().map_err(|e| fail(&e))?,
+        ticket: match ticket {
+            "-" => None,
+            t => Some(t.parse().map_err(|e| fail(&e))?),
+        },
+    })
+}
+
+/// One round: both workers on `key` of `table` (which must exist), their Lockers in
+/// `mode`, started together; their reports in spawn order. Returns once both have exited.
+pub async fn round(
+    url: &str,
+    table: &str,
+    key: &str,
+    length: Duration,
+    mode: Mode,
+) -> Result<Vec<Report>, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let start = SystemTime::now() + START_AFTER;
     let start_ms = start
@@ -182,8 +249,9 @@ async fn round(url: &str, key: &str, length: Duration) -> Result<Vec<Report>, St
         .map_err(|e| e.to_string())?
         .as_millis();
     let job = format!(
-        "{TABLE} {key} {TASKS_PER_PROCESS} {} {start_ms}",
-        length.as_millis()
+        "{table} {key} {TASKS_PER_PROCESS} {} {start_ms} {}",
+        length.as_millis(),
+        mode.word(),
     );
     let mut children = Vec::with_capacity(PROCESSES);
     for _ in 0..PROCESSES {
@@ -233,7 +301,7 @@ pub async fn cell<DB: BenchDb>(
             settings.rounds
         );
         let key = format!("hot2:{run}:{r}");
-        rounds.push(round(&server.url, &key, settings.round).await?);
+        rounds.push(round(&server.url, TABLE, &key, settings.round, Mode::Default).await?);
     }
     DB::drop_lock_table(&server.pool, TABLE).await?;
 

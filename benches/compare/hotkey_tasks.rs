@@ -54,6 +54,30 @@ pub enum Held<DB: BenchDb> {
     Spin { owner: String, token: i64 },
 }
 
+impl<DB: BenchDb> Held<DB> {
+    /// The grant's fencing token and, in fair mode, the ticket it waited on.
+    fn grant(&self) -> Grant {
+        match self {
+            Held::Guard(guard) => Grant {
+                token: guard.fencing_token(),
+                ticket: guard.ticket(),
+            },
+            Held::Spin { token, .. } => Grant {
+                token: *token,
+                ticket: None,
+            },
+        }
+    }
+}
+
+/// One grant of the key: its fencing token (rising with every grant of a key, so the
+/// grant order across processes) and the fair-mode ticket it waited on, if any.
+#[derive(Clone, Copy, Debug)]
+pub struct Grant {
+    pub token: i64,
+    pub ticket: Option<i64>,
+}
+
 impl<DB: BenchDb> Side<DB> {
     pub fn name(&self) -> &'static str {
         match self {
@@ -129,6 +153,7 @@ pub struct Turn {
     pub acquired: Instant,
     pub released: Option<Instant>,
     pub waited: Duration,
+    pub grant: Grant,
 }
 
 /// What the tasks of one round did, turn by turn.
@@ -160,6 +185,7 @@ pub async fn contend<DB: BenchDb>(
                     Ok(None) => break,
                     Ok(Some(held)) => {
                         let acquired = Instant::now();
+                        let grant = held.grant();
                         tokio::time::sleep(HOLD).await;
                         let released = match side.release(&key, held).await {
                             Ok(()) => Some(Instant::now()),
@@ -173,6 +199,7 @@ pub async fn contend<DB: BenchDb>(
                             acquired,
                             released,
                             waited: acquired - called,
+                            grant,
                         });
                     }
                     Err(err) => {

@@ -7,8 +7,8 @@
 //! Modules: `settings` (flags), `measure` (samples, rounds, timed loads), `servers`
 //! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
 //! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2;
-//! `hotkey`, with `hotkey_tasks` for its contenders and `hotkey_procs` and `hotkey_pool`
-//! for its multi-process and pool cells; `stock`, `renewal`, `reaper`), `anatomy` (the
+//! `hotkey`, with `hotkey_tasks` for its contenders and `hotkey_procs`, `hotkey_pool` and
+//! `hotkey_fair` for its multi-process, pool and fair-mode cells; `stock`, `renewal`, `reaper`), `anatomy` (the
 //! old design's task pattern timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //! failures), `report` (markdown).
 
@@ -18,6 +18,7 @@ mod cycle;
 mod handwritten;
 mod heap;
 mod hotkey;
+mod hotkey_fair;
 mod hotkey_pool;
 mod hotkey_procs;
 mod hotkey_tasks;

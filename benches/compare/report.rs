@@ -167,6 +167,11 @@ hand-written SQL share the same pool settings and the same tables.
    server (PostgreSQL: transactions in `pg_stat_database`; MariaDB: `Questions`) and
    `stats().attempts` per second, dblock against 100 polling tasks, and whether the
    holder's renewals stayed on time. Target: dblock at least 10x fewer statements/s.
+   (4) Fair mode (`fair(true)`: a waiter that loses its first attempt takes a ticket in
+   the database) against the default, 2 OS processes x 4 tasks as in (2): both workers'
+   grants merged in grant order (by fencing token), and the ticket-order inversions among
+   those that waited on a ticket (target: 0); shares, waits, and statements on the server
+   per acquisition, fair against default (reported, no target).
 4. **Stock deduction**: each strategy of the stock example (`examples/stock`), 8 workers
    on one hot product: the example's own code on dblock's helpers (`Locker` +
    `assert_held`, `RowLocker`, `Versioned`) against the same statements by hand, orders

@@ -242,8 +242,8 @@ impl BenchDb for Postgres {
         run(
             pool,
             format!(
-                "DROP TABLE IF EXISTS {table}, {table}_history; \
-                 DROP SEQUENCE IF EXISTS {table}_fencing_seq"
+                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket; \
+                 DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq"
             ),
         )
         .await
@@ -380,10 +380,12 @@ impl BenchDb for MySql {
     }
 
     async fn drop_lock_table(pool: &MySqlPool, table: &str) -> Result<(), sqlx::Error> {
-        // The fencing triggers go with the table.
+        // The fencing and ticket-order triggers go with their tables.
         run_my(
             pool,
-            format!("DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history"),
+            format!(
+                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket"
+            ),
         )
         .await
     }
