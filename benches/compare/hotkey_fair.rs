@@ -23,15 +23,15 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use dblock::Locker;
 use sqlx::Pool;
 
 use crate::handwritten::new_owner;
+use crate::hotkey_pool::counting_admin;
 use crate::hotkey_procs::{self, Mode, Report};
 use crate::hotkey_tasks::Grant;
 use crate::measure::{median, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
-use crate::servers::{BenchDb, Server, pool_settings};
+use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_hot_fair";
@@ -153,20 +153,8 @@ pub async fn cell<DB: BenchDb>(
     settings: &Settings,
     server: &Server<DB>,
 ) -> Result<String, Box<dyn std::error::Error>> {
-    // A connection of its own for the readings and the table, so nothing else is
-    // counted on it; the workers build their own Lockers on the table.
-    let admin: Pool<DB> = pool_settings::<DB>()
-        .max_connections(1)
-        .connect(&server.url)
-        .await?;
-    DB::drop_lock_table(&admin, TABLE).await?;
-    Locker::builder(admin.clone())
-        .table(TABLE)
-        .build()?
-        .migrate()
-        .await?;
-    // Counts of earlier work still held by idle sessions must not land in a round.
-    tokio::time::sleep(DB::STATISTICS_LAG).await;
+    // The workers build their own Lockers on the table.
+    let admin = counting_admin(server, TABLE).await?;
 
     let run = new_owner()[..8].to_owned();
     let mut rounds: Vec<Vec<Round>> = MODES.iter().map(|_| Vec::new()).collect();

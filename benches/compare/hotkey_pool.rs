@@ -197,24 +197,34 @@ async fn round<DB: BenchDb>(
     Ok(r)
 }
 
+/// A pool of one connection of its own for the statement readings (so nothing else is
+/// counted on it), with `table` freshly migrated on it, after waiting out the server's
+/// statistics lag (counts of earlier work still held by idle sessions must not land in
+/// a round).
+pub async fn counting_admin<DB: BenchDb>(
+    server: &Server<DB>,
+    table: &str,
+) -> Result<Pool<DB>, Box<dyn std::error::Error>> {
+    let admin: Pool<DB> = pool_settings::<DB>()
+        .max_connections(1)
+        .connect(&server.url)
+        .await?;
+    DB::drop_lock_table(&admin, table).await?;
+    Locker::builder(admin.clone())
+        .table(table)
+        .build()?
+        .migrate()
+        .await?;
+    tokio::time::sleep(DB::STATISTICS_LAG).await;
+    Ok(admin)
+}
+
 /// Cell 3 on one server; its markdown.
 pub async fn cell<DB: BenchDb>(
     settings: &Settings,
     server: &Server<DB>,
 ) -> Result<String, Box<dyn std::error::Error>> {
-    // A connection of its own for the readings, so nothing else is counted on it.
-    let admin: Pool<DB> = pool_settings::<DB>()
-        .max_connections(1)
-        .connect(&server.url)
-        .await?;
-    DB::drop_lock_table(&admin, TABLE).await?;
-    Locker::builder(admin.clone())
-        .table(TABLE)
-        .build()?
-        .migrate()
-        .await?;
-    // Counts of earlier work still held by idle sessions must not land in a round.
-    tokio::time::sleep(DB::STATISTICS_LAG).await;
+    let admin = counting_admin(server, TABLE).await?;
 
     let length = settings.round.max(MIN_ROUND);
     let modes = [Mode::Dblock, Mode::Poll, Mode::Alone];
