@@ -314,7 +314,7 @@ impl<DB: Backend> Engine<DB> {
         };
         // Only useful if a release can wake us; the listener is started by the first
         // waiter that has to sleep, and wakes every head once it is up.
-        self.listen();
+        self.start_listener();
         let noted = by(deadline, self.table().note_waiter(key)).await;
         // With the listener up, the release wakes this waiter: the sleep is only the
         // fallback for a notification lost on the way, so take the policy's longest.

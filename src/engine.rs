@@ -166,8 +166,8 @@ impl<DB: Backend> Engine<DB> {
     }
 
     /// Starts the release listener if it is not running yet (it lives until the engine
-    /// stops); whether releases elsewhere wake this Locker's waiters right now.
-    pub(crate) fn listen(&self) -> bool {
+    /// stops); [`listening`](Self::listening) says when it is up.
+    pub(crate) fn start_listener(&self) {
         let inner = &self.inner;
         if inner.wakeups.claim_start() {
             let job = Arc::clone(inner);
@@ -179,7 +179,6 @@ impl<DB: Backend> Engine<DB> {
                     .await;
             });
         }
-        inner.wakeups.live()
     }
 
     /// Fair mode's tickets; `None` when the Locker is not fair.

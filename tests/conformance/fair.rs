@@ -34,14 +34,7 @@ pub async fn fair_grants_follow_ticket_order<DB: TestBackend>() {
     };
     const WAITERS: usize = 8;
     let key = "fair";
-    let fair = |pool| {
-        Locker::builder(pool)
-            .table(&db.table)
-            .fair(true)
-            .build()
-            .unwrap()
-    };
-    let lockers = [fair(db.pool.clone()), fair(db.another_pool().await)];
+    let lockers = two_fair_lockers(&db).await;
     let holder = lockers[0].try_acquire(key, LONG).await.unwrap().unwrap();
     let granted = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
