@@ -69,11 +69,13 @@ pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
     // when its fallback timer runs out before the one ahead released; here each holds
     // only for a release's round trip, so that is rare (but see
     // `handed_off_waiters_wait_for_the_release`, which holds longer): +1 for one such.
+    // The count is taken as an attempt starts, so an attempt the first head started just
+    // before `attempts_before` was read may land after the release and win: -1.
     // Without the handoff every later head would first lose once: 30 or more.
     let attempts = locker.stats().attempts - attempts_before;
     let grants = (WAITERS - 1) as u64;
     assert!(
-        (grants..=grants + 2).contains(&attempts),
+        (grants - 1..=grants + 2).contains(&attempts),
         "{attempts} attempts for {grants} grants"
     );
     let expected: Vec<usize> = (0..WAITERS).filter(|&n| n != CANCELLED).collect();
@@ -119,9 +121,11 @@ pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
     let grants = WAITERS as u64;
     // The first head's backoff pauses are full-jitter draws from 0-10 ms, so around the
     // test's release it may send up to a few attempts of its own; a handed-off head that
-    // tried while the key was held would add at least one per handoff (7 here).
+    // tried while the key was held would add at least one per handoff (7 here). An
+    // attempt is counted as it starts, so one the first head started just before `before`
+    // was read may land after the release and win uncounted: one fewer than the grants.
     assert!(
-        (grants..=grants + 3).contains(&attempts),
+        (grants - 1..=grants + 3).contains(&attempts),
         "{attempts} attempts for {grants} grants: handed-off heads tried while the key was \
          held by the waiter ahead"
     );
