@@ -631,7 +631,7 @@ impl<DB: Backend> Inner<DB> {
             done.wait_for(|done| *done >= in_pass).await.ok();
         }
         let outcome = retry(&self.retry, lease.deadline(), |_| async {
-            match self.table.release(lease.lock_id()).await {
+            match self.release_once(lease).await {
                 // Busy (SQLite) or a lock wait: nothing was deleted, and the owner- and
                 // token-checked DELETE is safe to repeat while the lease lasts.
                 Err(err) if LockTable::<DB>::contention(&err) == Contention::LostRace => {
@@ -641,16 +641,34 @@ impl<DB: Backend> Inner<DB> {
             }
         })
         .await;
+        let kept = matches!(outcome, Ok((_, true)));
         // The next local waiter tries at once rather than at the end of its backoff
-        // (also when the DELETE failed: the lease may have ended anyway).
-        self.queues.released(&lease.key);
-        let deleted = outcome?;
+        // (also when the DELETE failed: the lease may have ended anyway). A row kept for
+        // a minimum hold is still held: the waiters sleep until its lease ends.
+        if !kept {
+            self.queues.released(&lease.key);
+        }
+        let (deleted, _) = outcome?;
         if deleted.is_some() {
             Counters::bump(&self.counters.released);
+        }
+        if deleted.is_some() && !kept {
             self.wakeups.released_here(lease.fencing_token);
         }
-        tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), "lock released");
+        tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), kept, "lock released");
         Ok(deleted)
+    }
+
+    /// One release statement: the owner-checked DELETE, or, for a lease with a minimum
+    /// hold that has not passed yet, the UPDATE that lets the row end then (`true` in
+    /// the answer's second half; the row counts as released, not expired).
+    async fn release_once(&self, lease: &Lease) -> Result<(Option<bool>, bool), sqlx::Error> {
+        if let Some(min_hold) = lease.min_hold()
+            && self.table.keep_min_hold(lease.lock_id(), min_hold).await?
+        {
+            return Ok((Some(false), true));
+        }
+        Ok((self.table.release(lease.lock_id()).await?, false))
     }
 }
 

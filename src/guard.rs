@@ -66,6 +66,12 @@ impl<DB: Backend> LockGuard<DB> {
         self.lease.lock_id()
     }
 
+    /// Makes the release keep the row until `min_hold` after the acquisition (database
+    /// clock): a job's `lock_at_least_for`.
+    pub(crate) fn set_min_hold(&self, min_hold: Duration) {
+        self.lease.set_min_hold(min_hold);
+    }
+
     /// The lock table's name.
     pub(crate) fn table(&self) -> &str {
         self.locker.engine.table().name()

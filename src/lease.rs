@@ -63,6 +63,9 @@ pub(crate) struct Lease {
     counters: Arc<Counters>,
     /// Fair mode: the ticket the acquisition waited on.
     ticket: std::sync::OnceLock<i64>,
+    /// A job's minimum hold: the release keeps the row until this long after the
+    /// acquisition (database clock) rather than deleting it sooner.
+    min_hold: std::sync::OnceLock<Duration>,
 }
 
 /// What a won acquisition hands to [`Lease::new`].
@@ -86,6 +89,17 @@ impl Lease {
     /// The fair-mode ticket this acquisition waited on, if it waited on one.
     pub(crate) fn ticket(&self) -> Option<i64> {
         self.ticket.get().copied()
+    }
+
+    /// Makes every release of this lease (explicit, failed and retried, or on drop) keep
+    /// the row until `min_hold` after the acquisition, by the database clock.
+    pub(crate) fn set_min_hold(&self, min_hold: Duration) {
+        self.min_hold.set(min_hold).ok();
+    }
+
+    /// See [`set_min_hold`](Self::set_min_hold).
+    pub(crate) fn min_hold(&self) -> Option<Duration> {
+        self.min_hold.get().copied()
     }
 
     pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>) -> Self {
@@ -114,6 +128,7 @@ impl Lease {
             holds: AtomicUsize::new(1),
             counters,
             ticket: std::sync::OnceLock::new(),
+            min_hold: std::sync::OnceLock::new(),
         }
     }
 

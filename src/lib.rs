@@ -4,8 +4,10 @@
 
 // The layers, top to bottom; no module imports from a layer above it.
 // API: what users call.
+mod admin;
 mod fencing;
 mod guard;
+mod job;
 mod locker;
 mod optimistic;
 mod owner;
@@ -30,6 +32,7 @@ mod ident;
 mod retry;
 mod stats;
 
+pub use admin::{LockFilter, LockInfo, MAX_LIST_LIMIT};
 pub use config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RENEW_INTERVAL,
     DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, MAX_KEY_BYTES, MAX_LEASE,
@@ -38,6 +41,7 @@ pub use config::{
 pub use dialect::{Backend, LockId};
 pub use error::{Error, LostReason, Result};
 pub use guard::LockGuard;
+pub use job::Job;
 pub use locker::{Holder, Locker, LockerBuilder};
 pub use owner::Owner;
 pub use reaper::{ReaperConfig, ReaperHandle};

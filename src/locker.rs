@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::Pool;
 
 use crate::acquire::Request;
@@ -76,6 +77,10 @@ pub struct Holder {
     pub owner: String,
     /// The fencing token in the row.
     pub fencing_token: i64,
+    /// When the row was written by its acquisition, by the database clock.
+    pub acquired_at: DateTime<Utc>,
+    /// When the lease ends (or ended), by the database clock.
+    pub expires_at: DateTime<Utc>,
     /// Whether the lease has run out by the database clock (the row may still be there
     /// until it is taken over or reaped).
     pub expired: bool,
@@ -431,32 +436,28 @@ impl<DB: Backend> Locker<DB> {
         E: From<Error>,
     {
         let guard = self.acquire(key, lease, wait).await?;
-        let outcome = tokio::select! {
-            biased;
-            reason = guard.lost() => Err(reason),
-            output = work(&guard) => Ok(output),
-        };
-        match outcome {
-            Ok(Ok(output)) => {
-                guard.release().await?;
-                Ok(output)
-            }
-            Ok(Err(err)) => {
-                // The work's error is the one to report; the release still runs.
-                if let Err(release) = guard.release().await {
-                    tracing::debug!(key, error = %release, "release after failed work");
-                }
-                Err(err)
-            }
-            Err(reason) => {
-                // The row is no longer ours; this only stops renewal and tidies up.
-                guard.release().await.ok();
-                Err(Error::LockLost {
-                    key: key.to_owned(),
-                    reason,
-                }
-                .into())
-            }
+        run_holding(guard, work).await
+    }
+
+    /// [`with_lock`](Self::with_lock) with a single attempt: `Ok(None)` when another owner
+    /// holds `key` (not an error: someone else is doing the work), otherwise what `work`
+    /// returned. The lease is renewed while `work` runs, as with `with_lock`. For work
+    /// that must run once per period across nodes, see [`job`](Self::job).
+    ///
+    /// # Cancel safety
+    /// As [`with_lock`](Self::with_lock).
+    pub async fn try_with_lock<T, E>(
+        &self,
+        key: &str,
+        lease: Duration,
+        work: impl AsyncFnOnce(&LockGuard<DB>) -> Result<T, E>,
+    ) -> Result<Option<T>, E>
+    where
+        E: From<Error>,
+    {
+        match self.try_acquire(key, lease).await? {
+            Some(guard) => run_holding(guard, work).await.map(Some),
+            None => Ok(None),
         }
     }
 
@@ -471,6 +472,8 @@ impl<DB: Backend> Locker<DB> {
         Ok(row.map(|row| Holder {
             owner: row.owner,
             fencing_token: row.fencing_token,
+            acquired_at: row.acquired_at,
+            expires_at: row.expires_at,
             expired: row.expired,
         }))
     }
@@ -535,5 +538,45 @@ impl<DB: Backend> Locker<DB> {
             engine.counters_arc(),
             config,
         ))
+    }
+}
+
+/// Runs `work` while `guard` holds its lock, then releases it whether `work` succeeded
+/// or not; a lost lease cancels `work` (see [`Locker::with_lock`]).
+pub(crate) async fn run_holding<DB: Backend, T, E>(
+    guard: LockGuard<DB>,
+    work: impl AsyncFnOnce(&LockGuard<DB>) -> Result<T, E>,
+) -> Result<T, E>
+where
+    E: From<Error>,
+{
+    let key = guard.key().to_owned();
+    let key = key.as_str();
+    let outcome = tokio::select! {
+        biased;
+        reason = guard.lost() => Err(reason),
+        output = work(&guard) => Ok(output),
+    };
+    match outcome {
+        Ok(Ok(output)) => {
+            guard.release().await?;
+            Ok(output)
+        }
+        Ok(Err(err)) => {
+            // The work's error is the one to report; the release still runs.
+            if let Err(release) = guard.release().await {
+                tracing::debug!(key, error = %release, "release after failed work");
+            }
+            Err(err)
+        }
+        Err(reason) => {
+            // The row is no longer ours; this only stops renewal and tidies up.
+            guard.release().await.ok();
+            Err(Error::LockLost {
+                key: key.to_owned(),
+                reason,
+            }
+            .into())
+        }
     }
 }

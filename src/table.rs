@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use crate::config::{RetryPolicy, micros};
 use crate::dialect::{
-    Acquired, Backend, Contention, Inspected, ListenerOptions, LockId, Releases, Renewal, RowState,
+    Acquired, Backend, Contention, Inspected, ListQuery, Listed, ListenerOptions, LockId, Releases,
+    Renewal, RowState,
 };
 use crate::error::Error;
 use crate::retry::{Retry, retry};
@@ -163,6 +164,47 @@ impl<DB: Backend> LockTable<DB> {
             .await
     }
 
+    /// Rows whose key starts with `prefix`, in key order (bytes), at most `limit`, of
+    /// those acquired at least `held` ago and, with `expired_only`, expired (all by the
+    /// database clock).
+    pub(crate) async fn list(
+        &self,
+        prefix: &str,
+        held: Option<Duration>,
+        expired_only: bool,
+        limit: u32,
+    ) -> Result<Vec<Listed>, sqlx::Error> {
+        let until = prefix_end(prefix);
+        let query = ListQuery {
+            from: prefix,
+            until: until.as_deref(),
+            held_micros: held.map(micros),
+            expired_only,
+            limit: i64::from(limit),
+        };
+        self.run(|mut conn| async move { DB::list(&mut conn, &self.sql, query).await })
+            .await
+    }
+
+    /// Deletes the row of `key`, whoever holds it; whether there was one.
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+        self.run(|mut conn| async move { DB::force_release(&mut conn, &self.sql, key).await })
+            .await
+    }
+
+    /// Lets our live row end `min_hold` after its acquisition (database clock) instead of
+    /// deleting it; `false` when that moment has passed or the row is not ours.
+    pub(crate) async fn keep_min_hold(
+        &self,
+        id: LockId<'_>,
+        min_hold: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        self.run(|mut conn| async move {
+            DB::keep_min_hold(&mut conn, &self.sql, id, micros(min_hold)).await
+        })
+        .await
+    }
+
     /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL)
     /// and reads how long the holder's lease has left by the database clock; `None` when
     /// the key has no row.
@@ -293,5 +335,41 @@ impl<DB: Backend> LockTable<DB> {
             *slot = asked.await.map_err(|err| self.explain(err))?;
         }
         Ok(())
+    }
+}
+
+/// The first string past every string that starts with `prefix`, in byte order (which for
+/// UTF-8 is code point order): the prefix with its last character moved one code point on,
+/// dropping trailing characters that have no successor. `None`: no such end (an empty
+/// prefix), list to the end of the table.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        // The next code point, skipping the surrogate gap, which is not a `char`.
+        let next = (u32::from(last) + 1..=u32::from(char::MAX)).find_map(char::from_u32);
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn prefix_end_is_the_first_string_past_the_prefix() {
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("job:").as_deref(), Some("job;"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        assert_eq!(prefix_end("\u{D7FF}").as_deref(), Some("\u{E000}"));
+        // Every key with the prefix sorts before the end, bytewise (`str`'s order).
+        let end = prefix_end("job:").unwrap();
+        for key in ["job:", "job:\u{10FFFF}\u{10FFFF}", "job:~", "job:\u{0}"] {
+            assert!(key >= "job:" && key < end.as_str(), "{key:?}");
+        }
     }
 }

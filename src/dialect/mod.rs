@@ -183,10 +183,69 @@ pub struct Inspected {
     pub owner: String,
     /// The fencing token.
     pub fencing_token: i64,
+    /// When the row was written by its acquisition, by the database clock.
+    pub acquired_at: DateTime<Utc>,
     /// The lease's end by the database clock.
     pub expires_at: DateTime<Utc>,
     /// Whether that end has passed, by the database clock.
     pub expired: bool,
+}
+
+/// Which rows [`LockSql::list`] reads: keys from `from` (inclusive) up to `until`
+/// (exclusive; `None`: no end), compared as bytes, in that order, at most `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct ListQuery<'a> {
+    /// The smallest key listed.
+    pub from: &'a str,
+    /// The first key past the range.
+    pub until: Option<&'a str>,
+    /// Only rows acquired at least this many microseconds ago (database clock).
+    pub held_micros: Option<i64>,
+    /// Only rows whose lease has run out (database clock).
+    pub expired_only: bool,
+    /// Most rows returned.
+    pub limit: i64,
+}
+
+/// One row as [`LockSql::list`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The key.
+    pub key: String,
+    /// The row as [`LockSql::inspect`] would read it.
+    pub row: Inspected,
+    /// The database clock when the rows were read.
+    pub read_at: DateTime<Utc>,
+}
+
+/// `(key, owner, fencing token, acquired at, expiry, expired, read at)`, the column order
+/// of every dialect's list query.
+pub(crate) type ListedRow = (
+    String,
+    String,
+    i64,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    bool,
+    DateTime<Utc>,
+);
+
+impl From<ListedRow> for Listed {
+    fn from(
+        (key, owner, fencing_token, acquired_at, expires_at, expired, read_at): ListedRow,
+    ) -> Self {
+        Listed {
+            key,
+            row: Inspected {
+                owner,
+                fencing_token,
+                acquired_at,
+                expires_at,
+                expired,
+            },
+            read_at,
+        }
+    }
 }
 
 /// `(key, owner, fencing token, expiry, renewed)`, the column order of the dialects'
@@ -211,15 +270,16 @@ impl From<(String, String, i64, DateTime<Utc>, bool)> for RowState {
     }
 }
 
-/// `(owner, fencing token, expiry, expired)`, the column order of every dialect's
-/// inspection query.
-impl From<(String, i64, DateTime<Utc>, bool)> for Inspected {
-    fn from(
-        (owner, fencing_token, expires_at, expired): (String, i64, DateTime<Utc>, bool),
-    ) -> Self {
+/// `(owner, fencing token, acquired at, expiry, expired)`, the column order of every
+/// dialect's inspection query.
+pub(crate) type InspectedRow = (String, i64, DateTime<Utc>, DateTime<Utc>, bool);
+
+impl From<InspectedRow> for Inspected {
+    fn from((owner, fencing_token, acquired_at, expires_at, expired): InspectedRow) -> Self {
         Inspected {
             owner,
             fencing_token,
+            acquired_at,
             expires_at,
             expired,
         }
@@ -326,6 +386,31 @@ pub trait LockSql: Database {
         sql: &Self::Statements,
         key: &str,
     ) -> impl Future<Output = Result<Option<Inspected>, sqlx::Error>> + Send;
+
+    /// Rows of the table in key order (bytes), as `query` selects them.
+    fn list(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        query: ListQuery<'_>,
+    ) -> impl Future<Output = Result<Vec<Listed>, sqlx::Error>> + Send;
+
+    /// Deletes the row of `key` whoever holds it (an operator's tool), waking waiters as
+    /// a release does; whether there was one.
+    fn force_release(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Instead of deleting it, lets our live row end at `acquired_at + min_hold_micros`
+    /// (database clock), never later than it would have: `true` when that is still ahead,
+    /// `false` when it has passed or the row is not ours (then release as usual).
+    fn keep_min_hold(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        lock: LockId<'_>,
+        min_hold_micros: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Deletes at most `batch` expired rows; how many went.
     fn reap_batch(

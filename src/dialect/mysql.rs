@@ -12,8 +12,8 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
 use super::{
-    Acquired, Contention, Inspected, LockId, LockSql, Renewal, RowLockMode, RowState, Sql, TxSql,
-    audited, batch_json, is_unique_violation, sql,
+    Acquired, Contention, Inspected, ListQuery, Listed, LockId, LockSql, Renewal, RowLockMode,
+    RowState, Sql, TxSql, audited, batch_json, is_unique_violation, sql,
 };
 
 /// MySQL's statements for one table.
@@ -27,6 +27,9 @@ pub struct Statements {
     renew: Sql,
     read_batch: Sql,
     inspect: Sql,
+    list: Sql,
+    force_release: Sql,
+    keep_min_hold: Sql,
     reap: Sql,
     note_waiter: Sql,
     take_ticket: Sql,
@@ -116,8 +119,31 @@ const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = ?";
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < NOW(6)";
 
 const INSPECT: &str = "\
-SELECT lock_value, fencing_token, expire_time, CAST(expire_time <= NOW(6) AS SIGNED)
+SELECT lock_value, fencing_token, acquired_at, expire_time, CAST(expire_time <= NOW(6) AS SIGNED)
   FROM {table} WHERE lock_key = ?";
+
+// Keys are VARBINARY: the range is a byte range over the primary key.
+const LIST: &str = "\
+SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
+       CAST(t.expire_time <= c.db_now AS SIGNED), c.db_now
+  FROM (SELECT NOW(6) AS db_now) AS c JOIN {table} AS t
+ WHERE t.lock_key >= ? AND (? IS NULL OR t.lock_key < ?)
+   AND (? IS NULL OR t.acquired_at <= c.db_now - INTERVAL ? MICROSECOND)
+   AND (? = 0 OR t.expire_time <= c.db_now)
+ ORDER BY t.lock_key
+ LIMIT ?";
+
+// No notifications here: waiters learn of it when their pause ends.
+const FORCE_RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?";
+
+// A job's minimum hold: the row stays until `acquired_at + ?`, by the database clock that
+// wrote `acquired_at`, but never longer than its lease already runs. CLIENT_FOUND_ROWS:
+// a matched row counts even if the new expiry equals the old one.
+const KEEP_MIN_HOLD: &str = "\
+UPDATE {table}
+   SET expire_time = LEAST(expire_time, acquired_at + INTERVAL ? MICROSECOND)
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ?
+   AND acquired_at + INTERVAL ? MICROSECOND > NOW(6) AND expire_time > NOW(6)";
 
 const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expire_time LIMIT ?";
 
@@ -177,6 +203,9 @@ impl LockSql for MySql {
             renew: batch_sql(RENEW, table),
             read_batch: batch_sql(READ_BATCH, table),
             inspect: sql(INSPECT, table),
+            list: sql(LIST, table),
+            force_release: sql(FORCE_RELEASE, table),
+            keep_min_hold: sql(KEEP_MIN_HOLD, table),
             reap: sql(REAP, table),
             note_waiter: sql(NOTE_WAITER, table),
             take_ticket: sql(TAKE_TICKET, table),
@@ -334,18 +363,89 @@ impl LockSql for MySql {
         sql: &Statements,
         key: &str,
     ) -> Result<Option<Inspected>, sqlx::Error> {
-        let row: Option<(String, i64, DateTime<Utc>, i64)> = sqlx::query_as(audited(&sql.inspect))
+        // The expiry test comes back as an integer here.
+        type Row = (String, i64, DateTime<Utc>, DateTime<Utc>, i64);
+        let row: Option<Row> = sqlx::query_as(audited(&sql.inspect))
             .bind(key)
             .fetch_optional(conn)
             .await?;
-        Ok(
-            row.map(|(owner, fencing_token, expires_at, expired)| Inspected {
-                owner,
-                fencing_token,
-                expires_at,
-                expired: expired != 0,
-            }),
-        )
+        Ok(row.map(|(owner, token, acquired_at, expires_at, expired)| {
+            Inspected::from((owner, token, acquired_at, expires_at, expired != 0))
+        }))
+    }
+
+    async fn list(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        query: ListQuery<'_>,
+    ) -> Result<Vec<Listed>, sqlx::Error> {
+        type Row = (
+            Vec<u8>,
+            String,
+            i64,
+            DateTime<Utc>,
+            DateTime<Utc>,
+            i64,
+            DateTime<Utc>,
+        );
+        let rows: Vec<Row> = sqlx::query_as(audited(&sql.list))
+            .bind(query.from.as_bytes())
+            .bind(query.until.map(str::as_bytes))
+            .bind(query.until.map(str::as_bytes))
+            .bind(query.held_micros)
+            .bind(query.held_micros)
+            .bind(query.expired_only)
+            .bind(query.limit)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(key, owner, token, acquired_at, expires_at, expired, read_at)| {
+                    // Keys are written as UTF-8 by dblock; a plain-SQL client's stray bytes
+                    // are shown, not refused.
+                    let key = String::from_utf8_lossy(&key).into_owned();
+                    Listed::from((
+                        key,
+                        owner,
+                        token,
+                        acquired_at,
+                        expires_at,
+                        expired != 0,
+                        read_at,
+                    ))
+                },
+            )
+            .collect())
+    }
+
+    async fn force_release(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.force_release))
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn keep_min_hold(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        lock: LockId<'_>,
+        min_hold_micros: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.keep_min_hold))
+            .bind(min_hold_micros)
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .bind(min_hold_micros)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     fn contention(err: &sqlx::Error) -> Contention {

@@ -11,8 +11,9 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, Postgres};
 
 use super::{
-    Acquired, Contention, Inspected, ListenerOptions, LockId, LockSql, Released, Releases, Renewal,
-    RowLockMode, RowState, Sql, SqlValue, TxSql, audited, db_code, sql,
+    Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, ListenerOptions,
+    LockId, LockSql, Released, Releases, Renewal, RowLockMode, RowState, Sql, SqlValue, TxSql,
+    audited, db_code, sql,
 };
 
 /// PostgreSQL's statements for one table.
@@ -23,6 +24,9 @@ pub struct Statements {
     extend: Sql,
     renew: Sql,
     inspect: Sql,
+    list: Sql,
+    force_release: Sql,
+    keep_min_hold: Sql,
     reap: Sql,
     note_waiter: Sql,
     take_ticket: Sql,
@@ -110,8 +114,39 @@ const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = $1";
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < clock_timestamp()";
 
 const INSPECT: &str = "\
-SELECT lock_value, fencing_token, expire_time, expire_time <= clock_timestamp()
+SELECT lock_value, fencing_token, acquired_at, expire_time, expire_time <= clock_timestamp()
   FROM {table} WHERE lock_key = $1";
+
+// Keys compare as bytes (`COLLATE "C"`), the order MySQL's VARBINARY and SQLite's BINARY
+// keys have: under a linguistic collation (en_US, the official image's default) the
+// primary key's order is not a byte order, and a byte range over it would miss keys with
+// punctuation after the prefix. The price: the range is a filter over the table, not an
+// index scan; a lock table holds the locks held now, so that is a short read.
+const LIST: &str = "\
+SELECT t.lock_key::text, t.lock_value::text, t.fencing_token, t.acquired_at, t.expire_time,
+       t.expire_time <= c.db_now, c.db_now
+  FROM (SELECT clock_timestamp() AS db_now) AS c, {table} AS t
+ WHERE t.lock_key COLLATE \"C\" >= $1
+   AND ($2::text IS NULL OR t.lock_key COLLATE \"C\" < $2)
+   AND ($3::bigint IS NULL OR t.acquired_at <= c.db_now - $3 * INTERVAL '1 microsecond')
+   AND (NOT $4 OR t.expire_time <= c.db_now)
+ ORDER BY t.lock_key COLLATE \"C\"
+ LIMIT $5";
+
+// Whoever holds it; waiters that marked the row are woken as by a release.
+const FORCE_RELEASE: &str = "\
+DELETE FROM {table} WHERE lock_key = $1
+RETURNING fencing_token,
+          CASE WHEN waiters THEN pg_notify('dblock:{table}', fencing_token || ':' || lock_key) IS NULL END";
+
+// A job's minimum hold: the row stays until `acquired_at + $4`, by the database clock that
+// wrote `acquired_at`, but never longer than its lease already runs.
+const KEEP_MIN_HOLD: &str = "\
+UPDATE {table}
+   SET expire_time = LEAST(expire_time, acquired_at + $4::bigint * INTERVAL '1 microsecond')
+ WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+   AND acquired_at + $4::bigint * INTERVAL '1 microsecond' > clock_timestamp()
+   AND expire_time > clock_timestamp()";
 
 // The outer condition repeats the expiry test: a row renewed after the inner scan is kept.
 // A reaped row that waiters marked wakes them, like a release.
@@ -163,6 +198,9 @@ impl LockSql for Postgres {
             extend: sql(EXTEND, table),
             renew: sql(RENEW, table),
             inspect: sql(INSPECT, table),
+            list: sql(LIST, table),
+            force_release: sql(FORCE_RELEASE, table),
+            keep_min_hold: sql(KEEP_MIN_HOLD, table),
             reap: sql(REAP, table),
             note_waiter: sql(NOTE_WAITER, table),
             take_ticket: sql(TAKE_TICKET, table),
@@ -245,11 +283,55 @@ impl LockSql for Postgres {
         sql: &Statements,
         key: &str,
     ) -> Result<Option<Inspected>, sqlx::Error> {
-        let row: Option<(String, i64, DateTime<Utc>, bool)> = sqlx::query_as(audited(&sql.inspect))
+        let row: Option<InspectedRow> = sqlx::query_as(audited(&sql.inspect))
             .bind(key)
             .fetch_optional(conn)
             .await?;
         Ok(row.map(Inspected::from))
+    }
+
+    async fn list(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        query: ListQuery<'_>,
+    ) -> Result<Vec<Listed>, sqlx::Error> {
+        let rows: Vec<ListedRow> = sqlx::query_as(audited(&sql.list))
+            .bind(query.from)
+            .bind(query.until)
+            .bind(query.held_micros)
+            .bind(query.expired_only)
+            .bind(query.limit)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.into_iter().map(Listed::from).collect())
+    }
+
+    async fn force_release(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let row: Option<(i64, Option<bool>)> = sqlx::query_as(audited(&sql.force_release))
+            .bind(key)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn keep_min_hold(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        lock: LockId<'_>,
+        min_hold_micros: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.keep_min_hold))
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .bind(min_hold_micros)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn take_ticket(

@@ -12,8 +12,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
-    Acquired, Contention, Inspected, LockId, LockSql, Renewal, RowLockMode, RowState, Sql, TxSql,
-    audited, batch_json, db_code, is_unique_violation, sql,
+    Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, LockId, LockSql,
+    Renewal, RowLockMode, RowState, Sql, TxSql, audited, batch_json, db_code, is_unique_violation,
+    sql,
 };
 
 /// SQLite's statements for one table.
@@ -26,6 +27,9 @@ pub struct Statements {
     renew: Sql,
     read_keys: Sql,
     inspect: Sql,
+    list: Sql,
+    force_release: Sql,
+    keep_min_hold: Sql,
     reap: Sql,
     note_waiter: Sql,
     take_ticket: Sql,
@@ -77,8 +81,31 @@ SELECT lock_key, lock_value, fencing_token, expire_time FROM {table}
  WHERE lock_key IN (SELECT value FROM json_each(?1))";
 
 const INSPECT: &str = "\
-SELECT lock_value, fencing_token, expire_time, expire_time <= {now}
+SELECT lock_value, fencing_token, acquired_at, expire_time, expire_time <= {now}
   FROM {table} WHERE lock_key = ?1";
+
+// Keys use the BINARY collation: the range is a byte range over the primary key. ?3 is a
+// date modifier going back the minimum held time ('-3600.000000 seconds').
+const LIST: &str = "\
+SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
+       t.expire_time <= c.db_now, c.db_now
+  FROM (SELECT {now} AS db_now) AS c, {table} AS t
+ WHERE t.lock_key >= ?1 AND (?2 IS NULL OR t.lock_key < ?2)
+   AND (?3 IS NULL OR t.acquired_at <= strftime('%Y-%m-%d %H:%M:%f', c.db_now, ?3))
+   AND (NOT ?4 OR t.expire_time <= c.db_now)
+ ORDER BY t.lock_key
+ LIMIT ?5";
+
+// No notifications here: waiters learn of it when their pause ends.
+const FORCE_RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?1";
+
+// A job's minimum hold: the row stays until `acquired_at + ?4`, by the database clock that
+// wrote `acquired_at`, but never longer than its lease already runs.
+const KEEP_MIN_HOLD: &str = "\
+UPDATE {table}
+   SET expire_time = min(expire_time, strftime('%Y-%m-%d %H:%M:%f', acquired_at, ?4))
+ WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
+   AND strftime('%Y-%m-%d %H:%M:%f', acquired_at, ?4) > {now} AND expire_time > {now}";
 
 // One writer at a time: tickets commit in number order.
 const TAKE_TICKET: &str = "\
@@ -145,6 +172,9 @@ impl LockSql for Sqlite {
             renew: sqlite_sql(RENEW, table),
             read_keys: sqlite_sql(READ_KEYS, table),
             inspect: sqlite_sql(INSPECT, table),
+            list: sqlite_sql(LIST, table),
+            force_release: sqlite_sql(FORCE_RELEASE, table),
+            keep_min_hold: sqlite_sql(KEEP_MIN_HOLD, table),
             reap: sqlite_sql(REAP, table),
             note_waiter: sqlite_sql(NOTE_WAITER, table),
             take_ticket: sqlite_sql(TAKE_TICKET, table),
@@ -283,11 +313,58 @@ impl LockSql for Sqlite {
         sql: &Statements,
         key: &str,
     ) -> Result<Option<Inspected>, sqlx::Error> {
-        let row: Option<(String, i64, DateTime<Utc>, bool)> = sqlx::query_as(audited(&sql.inspect))
+        let row: Option<InspectedRow> = sqlx::query_as(audited(&sql.inspect))
             .bind(key)
             .fetch_optional(conn)
             .await?;
         Ok(row.map(Inspected::from))
+    }
+
+    async fn list(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        query: ListQuery<'_>,
+    ) -> Result<Vec<Listed>, sqlx::Error> {
+        let back = query
+            .held_micros
+            .map(|micros| modifier(micros).replacen('+', "-", 1));
+        let rows: Vec<ListedRow> = sqlx::query_as(audited(&sql.list))
+            .bind(query.from)
+            .bind(query.until)
+            .bind(back)
+            .bind(query.expired_only)
+            .bind(query.limit)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.into_iter().map(Listed::from).collect())
+    }
+
+    async fn force_release(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.force_release))
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn keep_min_hold(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        lock: LockId<'_>,
+        min_hold_micros: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.keep_min_hold))
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .bind(modifier(min_hold_micros))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     fn contention(err: &sqlx::Error) -> Contention {

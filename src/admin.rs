@@ -1,0 +1,202 @@
+//! Operators' tools on a [`Locker`]: list the locks of a table, and clear a stuck one.
+//! They read and delete rows whoever wrote them (this process, others, plain-SQL clients).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::config::{MAX_KEY_BYTES, validate_key};
+use crate::dialect::{Backend, Listed};
+use crate::error::{Error, Result};
+use crate::locker::Locker;
+
+/// Most rows one [`Locker::list`] call returns.
+pub const MAX_LIST_LIMIT: u32 = 10_000;
+
+/// One row of the lock table, as [`Locker::list`] read it. Times are the database's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The key.
+    pub key: String,
+    /// The owner value (`lock_value`).
+    pub owner: String,
+    /// The fencing token of the acquisition that wrote the row.
+    pub fencing_token: i64,
+    /// When that acquisition wrote the row (a plain-SQL client's insert: the insert).
+    pub acquired_at: DateTime<Utc>,
+    /// When the lease ends (or ended).
+    pub expires_at: DateTime<Utc>,
+    /// Whether the lease has run out; the row stays until it is taken over or reaped.
+    pub expired: bool,
+    /// The database clock when the row was read: the "now" of [`held_for`](Self::held_for)
+    /// and [`expires_in`](Self::expires_in), so no client clock enters them.
+    pub read_at: DateTime<Utc>,
+}
+
+impl LockInfo {
+    /// How long the row had been held when it was read.
+    pub fn held_for(&self) -> Duration {
+        (self.read_at - self.acquired_at)
+            .to_std()
+            .unwrap_or_default()
+    }
+
+    /// How long the lease had left when it was read; zero once it has run out.
+    pub fn expires_in(&self) -> Duration {
+        (self.expires_at - self.read_at)
+            .to_std()
+            .unwrap_or_default()
+    }
+}
+
+impl From<Listed> for LockInfo {
+    fn from(listed: Listed) -> Self {
+        LockInfo {
+            key: listed.key,
+            owner: listed.row.owner,
+            fencing_token: listed.row.fencing_token,
+            acquired_at: listed.row.acquired_at,
+            expires_at: listed.row.expires_at,
+            expired: listed.row.expired,
+            read_at: listed.read_at,
+        }
+    }
+}
+
+/// Which rows [`Locker::list_matching`] returns: keys with a prefix, optionally only the
+/// expired ones or those held longer than some time (database clock), in key order.
+///
+/// # Default
+/// Every key, expired or not, at most 100 rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockFilter {
+    prefix: String,
+    expired_only: bool,
+    held_longer_than: Option<Duration>,
+    limit: u32,
+}
+
+impl Default for LockFilter {
+    fn default() -> Self {
+        LockFilter {
+            prefix: String::new(),
+            expired_only: false,
+            held_longer_than: None,
+            limit: 100,
+        }
+    }
+}
+
+impl LockFilter {
+    /// Every key (no prefix), at most 100 rows.
+    pub fn new() -> Self {
+        LockFilter::default()
+    }
+
+    /// Only keys that start with `prefix` (compared as bytes; empty: every key).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Only rows whose lease has run out.
+    pub fn expired_only(mut self) -> Self {
+        self.expired_only = true;
+        self
+    }
+
+    /// Only rows acquired at least `held` ago: locks that may have leaked.
+    pub fn held_longer_than(mut self, held: Duration) -> Self {
+        self.held_longer_than = Some(held);
+        self
+    }
+
+    /// At most `limit` rows, between 1 and [`MAX_LIST_LIMIT`].
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.prefix.len() > MAX_KEY_BYTES || self.prefix.contains('\0') {
+            // No key can have such a prefix; say why as for a key.
+            validate_key(&self.prefix)?;
+        }
+        if !(1..=MAX_LIST_LIMIT).contains(&self.limit) {
+            return Err(Error::InvalidConfig(format!(
+                "list limit {} must be between 1 and {MAX_LIST_LIMIT}",
+                self.limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<DB: Backend> Locker<DB> {
+    /// An operator's view: the rows whose key starts with `prefix` (empty: all), in key
+    /// order (bytes), at most `limit` (1 to [`MAX_LIST_LIMIT`]). Lists every row of the
+    /// table, whoever wrote it, expired ones too (see [`LockInfo::expired`]). On MySQL and
+    /// SQLite the prefix is a range of the primary key; on PostgreSQL keys are compared
+    /// as bytes whatever the database's collation, which filters the table instead.
+    ///
+    /// Errors: [`Error::InvalidKey`] for a prefix no key can have, [`Error::InvalidConfig`]
+    /// for a limit out of range (nothing is read).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn list(&self, prefix: &str, limit: u32) -> Result<Vec<LockInfo>> {
+        self.list_matching(&LockFilter::new().prefix(prefix).limit(limit))
+            .await
+    }
+
+    /// [`list`](Self::list) with more conditions: see [`LockFilter`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn list_matching(&self, filter: &LockFilter) -> Result<Vec<LockInfo>> {
+        filter.validate()?;
+        let table = self.shared.engine.table();
+        let rows = table
+            .list(
+                &filter.prefix,
+                filter.held_longer_than,
+                filter.expired_only,
+                filter.limit,
+            )
+            .await
+            .map_err(|err| table.explain(err))?;
+        Ok(rows.into_iter().map(LockInfo::from).collect())
+    }
+
+    /// An operator's tool: deletes the row of `key` whoever holds it; `true` if there was
+    /// one. Use it for a lock whose holder is stuck or gone; the holder is not asked.
+    ///
+    /// What follows: the holder's guard reports [`lost`](crate::LockGuard::lost) with
+    /// [`LostReason::Deleted`](crate::LostReason::Deleted) at its Locker's next renewal
+    /// (within one renewal interval), and its work under
+    /// [`with_lock`](Self::with_lock) is cancelled; this Locker's waiters for the key
+    /// try at once, and on PostgreSQL waiters elsewhere are woken as by a release. The
+    /// next acquisition's fencing token is still greater than the deleted row's, so a
+    /// resource that checks tokens refuses the old holder's late writes.
+    ///
+    /// Errors: [`Error::InvalidKey`] (nothing is deleted), [`Error::Database`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the row is deleted or it is not; dropping the future does not undo a
+    /// delete the database already ran.
+    pub async fn force_release(&self, key: &str) -> Result<bool> {
+        validate_key(key)?;
+        let engine = &self.shared.engine;
+        let table = engine.table();
+        let deleted = table
+            .force_release(key)
+            .await
+            .map_err(|err| table.explain(err))?;
+        if deleted {
+            tracing::warn!(key, table = table.name(), "lock force-released");
+            engine.queues().released(key);
+        }
+        Ok(deleted)
+    }
+}

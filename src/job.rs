@@ -1,0 +1,130 @@
+//! Scheduled-job locks in the manner of ShedLock: [`Locker::job`] runs work at most once
+//! at a time across processes, skips (rather than waits) when another node runs it, and
+//! can keep the key locked for a minimum time so that a node waking late in the same
+//! period skips too.
+
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::config::{validate_key, validate_lease, validate_range};
+use crate::dialect::Backend;
+use crate::error::{Error, Result};
+use crate::guard::LockGuard;
+use crate::locker::{Locker, run_holding};
+
+/// A scheduled job's lock, built by [`Locker::job`]; run it with [`run`](Self::run).
+///
+/// # Defaults
+/// `lock_at_most_for`: the Locker's default lease ([`LockerBuilder::default_lease`]
+/// (crate::LockerBuilder::default_lease), 30 s unless set). `lock_at_least_for`: zero
+/// (the key is free as soon as the work ends).
+#[must_use = "a job does nothing until it is run"]
+pub struct Job<'a, DB: Backend> {
+    locker: &'a Locker<DB>,
+    key: String,
+    at_most: Duration,
+    at_least: Duration,
+}
+
+impl<DB: Backend> std::fmt::Debug for Job<'_, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("key", &self.key)
+            .field("lock_at_most_for", &self.at_most)
+            .field("lock_at_least_for", &self.at_least)
+            .finish()
+    }
+}
+
+impl<DB: Backend> Locker<DB> {
+    /// A ShedLock-style job lock on `key`: see [`Job`]. Nothing is checked or written
+    /// until [`Job::run`].
+    pub fn job(&self, key: &str) -> Job<'_, DB> {
+        Job {
+            locker: self,
+            key: key.to_owned(),
+            at_most: self.lease(),
+            at_least: Duration::ZERO,
+        }
+    }
+}
+
+impl<DB: Backend> Job<'_, DB> {
+    /// The longest the key stays locked: the lease, which is not renewed. If the node dies
+    /// the key frees itself this long after the acquisition; if the work runs longer, the
+    /// lease ends, the work is cancelled at its next await point and [`Error::LockLost`]
+    /// is returned (another node may have started by then). Choose it well above the
+    /// work's longest run. Between [`MIN_LEASE`](crate::MIN_LEASE) and
+    /// [`MAX_LEASE`](crate::MAX_LEASE).
+    pub fn lock_at_most_for(mut self, at_most: Duration) -> Self {
+        self.at_most = at_most;
+        self
+    }
+
+    /// The shortest the key stays locked, counted from the acquisition by the database
+    /// clock: work that ends sooner leaves the row in place until then (its lease is cut
+    /// to end at that moment), so that a node whose timer fires late in the same period
+    /// finds the key held and skips. At most `lock_at_most_for`.
+    pub fn lock_at_least_for(mut self, at_least: Duration) -> Self {
+        self.at_least = at_least;
+        self
+    }
+
+    /// Runs `work` if the key is free: `Ok(None)` when another owner holds it (the run is
+    /// skipped; not an error), otherwise what `work` returned. One attempt, no waiting.
+    /// Whether `work` succeeds or fails, the lock is released afterwards, honouring
+    /// `lock_at_least_for`; a release that finds the lease already over reports
+    /// [`Error::LockLost`] after successful work, as [`Locker::with_lock`] does.
+    ///
+    /// Errors: [`Error::InvalidKey`], [`Error::InvalidDuration`] (for a lease out of range,
+    /// or `lock_at_least_for` above `lock_at_most_for`; nothing is written), or the
+    /// acquisition's database error; `work`'s own error type `E` takes them through
+    /// `From<dblock::Error>`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops `work` and releases the lock in the background, still
+    /// honouring `lock_at_least_for`.
+    pub async fn run<T, E>(
+        self,
+        work: impl AsyncFnOnce(&LockGuard<DB>) -> Result<T, E>,
+    ) -> Result<Option<T>, E>
+    where
+        E: From<Error>,
+    {
+        let span = tracing::info_span!(
+            "job",
+            key = %self.key,
+            table = self.locker.table(),
+            outcome = tracing::field::Empty
+        );
+        let run = async {
+            self.validate()?;
+            // No renewal: `lock_at_most_for` is a bound, not a starting length.
+            let locker = self.locker.auto_renew(false);
+            let Some(guard) = locker.try_acquire(&self.key, self.at_most).await? else {
+                tracing::Span::current().record("outcome", "skipped");
+                return Ok(None);
+            };
+            if !self.at_least.is_zero() {
+                guard.set_min_hold(self.at_least);
+            }
+            let outcome = run_holding(guard, work).await;
+            let said = if outcome.is_ok() { "ran" } else { "failed" };
+            tracing::Span::current().record("outcome", said);
+            outcome.map(Some)
+        };
+        run.instrument(span).await
+    }
+
+    fn validate(&self) -> Result<()> {
+        validate_key(&self.key)?;
+        validate_lease(self.at_most)?;
+        validate_range(
+            "lock_at_least_for",
+            self.at_least,
+            Duration::ZERO,
+            self.at_most,
+        )
+    }
+}
