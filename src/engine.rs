@@ -698,6 +698,16 @@ fn judge(lease: &Lease, rows: Option<&[&RowState]>) -> Verdict {
     }
     Verdict::Lost(if found {
         LostReason::Expired
+    } else if Instant::now() < lease.deadline()
+        && rows
+            .iter()
+            .any(|row| row.fencing_token > lease.fencing_token)
+    {
+        // A newer acquisition's row while ours cannot have run out yet by the database
+        // clock (the deadline is counted from before our statement reached it): nobody
+        // could take it over, so our row was deleted (force-released, by hand) and the
+        // key acquired anew.
+        LostReason::Deleted
     } else {
         LostReason::TakenOver
     })

@@ -12,7 +12,8 @@ pub enum LostReason {
     Expired,
     /// Another owner holds the row now (it took over after expiry).
     TakenOver,
-    /// The row is gone: released by someone else, reaped, or deleted by hand.
+    /// The row is gone, or was deleted while the lease lived and the key taken anew:
+    /// force-released by an operator, deleted by hand, or reaped.
     Deleted,
     /// The database could not be reached until the lease's own deadline passed.
     Unreachable,

@@ -44,7 +44,7 @@ pub use guard::LockGuard;
 pub use job::Job;
 pub use locker::{Holder, Locker, LockerBuilder};
 pub use owner::Owner;
-pub use reaper::{ReaperConfig, ReaperHandle};
+pub use reaper::{LEAK_CHECK_LIMIT, LeakReport, LongHeld, ReaperConfig, ReaperHandle};
 pub use stats::Stats;
 
 /// The sqlx that dblock is built on (0.9), so that an application can name the same

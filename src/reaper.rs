@@ -28,16 +28,30 @@ use crate::table::LockTable;
 /// bench/RESULTS.md, section 6).
 pub(crate) const PACE: u32 = 9;
 
+/// Most long-held rows one leak check reads and reports.
+pub const LEAK_CHECK_LIMIT: u32 = 1_000;
+
+/// The longest leak threshold: a year.
+const MAX_LEAK_THRESHOLD: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// How a background reaper runs.
 ///
 /// # Default
-/// Every [`DEFAULT_REAP_INTERVAL`] (60 s), [`DEFAULT_REAP_BATCH`] (1000) rows per statement.
+/// Every [`DEFAULT_REAP_INTERVAL`] (60 s), [`DEFAULT_REAP_BATCH`] (1000) rows per statement,
+/// no leak check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaperConfig {
     /// Pause between passes; a pass deletes batches until one comes back short.
     pub interval: Duration,
     /// Most rows one statement deletes.
     pub batch: u32,
+    /// The leaked-lock check: after deleting expired rows, every pass also reads the
+    /// live rows acquired longer ago than this (database clock), whoever holds them
+    /// (other processes and plain-SQL clients too), logs a `WARN` event per key with
+    /// owner and held time, and sets the gauge `distributed_lock_long_held`; see
+    /// [`ReaperHandle::long_held`]. At most [`LEAK_CHECK_LIMIT`] rows per check. `None`
+    /// (the default): no check. Between 1 ms and a year.
+    pub leak_threshold: Option<Duration>,
 }
 
 impl Default for ReaperConfig {
@@ -45,8 +59,33 @@ impl Default for ReaperConfig {
         ReaperConfig {
             interval: DEFAULT_REAP_INTERVAL,
             batch: DEFAULT_REAP_BATCH,
+            leak_threshold: None,
         }
     }
+}
+
+/// A row the leak check found held longer than its threshold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LongHeld {
+    /// The key.
+    pub key: String,
+    /// The owner value (`lock_value`).
+    pub owner: String,
+    /// The fencing token.
+    pub fencing_token: i64,
+    /// How long it had been held at the check (database clock).
+    pub held_for: Duration,
+}
+
+/// What the last leak check found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeakReport {
+    /// Checks run so far by this reaper.
+    pub checks: u64,
+    /// The rows the last check found, in key order.
+    pub rows: Vec<LongHeld>,
 }
 
 /// A running reaper. Stop it with [`stop`](Self::stop); dropping the handle stops it too
@@ -56,6 +95,7 @@ pub struct ReaperHandle {
     stop: CancellationToken,
     task: Option<JoinHandle<()>>,
     deleted: watch::Receiver<u64>,
+    long_held: watch::Receiver<LeakReport>,
 }
 
 impl ReaperHandle {
@@ -67,6 +107,12 @@ impl ReaperHandle {
     /// A receiver of the running total, updated after every pass that deleted rows.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.deleted.clone()
+    }
+
+    /// A receiver of the leak check's findings ([`ReaperConfig::leak_threshold`]),
+    /// updated after every check; stays empty without a threshold.
+    pub fn long_held(&self) -> watch::Receiver<LeakReport> {
+        self.long_held.clone()
     }
 
     /// Stops the reaper, waits until it has stopped, and returns its total.
@@ -98,6 +144,7 @@ impl ReaperHandle {
     ) -> Self {
         let stop = CancellationToken::new();
         let (total, deleted) = watch::channel(0u64);
+        let (report, long_held) = watch::channel(LeakReport::default());
         let stopping = stop.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -107,6 +154,17 @@ impl ReaperHandle {
                     Ok(n) => total.send_modify(|t| *t += n),
                     Err(err) => {
                         tracing::warn!(table = %table.name(), error = %err, "reaper pass failed")
+                    }
+                }
+                if let Some(threshold) = config.leak_threshold {
+                    match check_leaks(&table, threshold).await {
+                        Ok(rows) => report.send_modify(|r| {
+                            r.checks += 1;
+                            r.rows = rows;
+                        }),
+                        Err(err) => {
+                            tracing::warn!(table = %table.name(), error = %err, "leak check failed")
+                        }
                     }
                 }
                 tokio::select! {
@@ -119,6 +177,7 @@ impl ReaperHandle {
             stop,
             task: Some(task),
             deleted,
+            long_held,
         }
     }
 }
@@ -136,7 +195,42 @@ pub(crate) fn validate(config: &ReaperConfig) -> Result<()> {
             "reaper batch must be at least 1".into(),
         ));
     }
+    if let Some(threshold) = config.leak_threshold {
+        validate_range(
+            "leak threshold",
+            threshold,
+            Duration::from_millis(1),
+            MAX_LEAK_THRESHOLD,
+        )?;
+    }
     Ok(())
+}
+
+/// One leak check: the live rows held longer than `threshold` (the reaper has just
+/// deleted the expired ones), each logged at `WARN`.
+async fn check_leaks<DB: Backend>(
+    table: &LockTable<DB>,
+    threshold: Duration,
+) -> Result<Vec<LongHeld>, sqlx::Error> {
+    let listed = table
+        .list("", Some(threshold), false, LEAK_CHECK_LIMIT)
+        .await?;
+    let rows: Vec<LongHeld> = listed
+        .into_iter()
+        .filter(|listed| !listed.row.expired)
+        .map(|listed| LongHeld {
+            held_for: (listed.read_at - listed.row.acquired_at)
+                .to_std()
+                .unwrap_or_default(),
+            key: listed.key,
+            owner: listed.row.owner,
+            fencing_token: listed.row.fencing_token,
+        })
+        .collect();
+    for row in &rows {
+        tracing::warn!(table = %table.name(), key = %row.key, owner = %row.owner, fencing_token = row.fencing_token, held_for = ?row.held_for, ?threshold, "lock held longer than the leak threshold");
+    }
+    Ok(rows)
 }
 
 /// Deletes every expired row, in batches of `batch`, pausing [`PACE`] times each batch's

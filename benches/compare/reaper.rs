@@ -86,6 +86,7 @@ impl Way {
                     // one while it is measured.
                     interval: Duration::from_secs(600),
                     batch,
+                    ..ReaperConfig::default()
                 })?;
                 let mut total = reaper.subscribe();
                 // A pass reports its total when it ends: when a batch came back short.

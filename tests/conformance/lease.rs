@@ -278,6 +278,7 @@ pub async fn background_reaper_reports_and_stops<DB: Outage>() {
         .spawn_reaper(ReaperConfig {
             interval: Duration::from_millis(50),
             batch: 100,
+            ..ReaperConfig::default()
         })
         .unwrap();
     let mut totals = reaper.subscribe();

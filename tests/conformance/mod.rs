@@ -1,11 +1,13 @@
 //! The conformance suite: every case is written once, generic over the backend, and
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
+mod admin;
 mod engine;
 mod fair;
 mod first_hour;
 mod inputs;
 mod interop;
+mod jobs;
 mod lease;
 pub mod lease_env;
 mod migrate;
@@ -17,11 +19,13 @@ mod wakeups;
 
 use std::time::Duration;
 
+pub use admin::*;
 pub use engine::*;
 pub use fair::*;
 pub use first_hour::*;
 pub use inputs::*;
 pub use interop::*;
+pub use jobs::*;
 pub use lease::*;
 pub use migrate::*;
 pub use ownership::*;
@@ -82,6 +86,13 @@ macro_rules! conformance_suite {
             releases_elsewhere_wake_waiters,
             killed_listener_comes_back,
             waiters_hold_no_connection,
+            list_shows_every_row_in_key_order,
+            force_release_fires_lost_and_wakes_a_waiter,
+            leak_check_reports_long_held_rows,
+            try_with_lock_skips_a_held_key,
+            job_keeps_the_key_for_its_minimum,
+            job_is_bounded_by_its_maximum,
+            scheduled_job_runs_once_per_tick,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
