@@ -56,6 +56,10 @@ pub struct Spec {
     pub wait: Duration,
     /// A libfaketime offset such as `+1h` for the process's clock.
     pub skew: Option<&'static str>,
+    /// Run as a scheduled job instead: `job(key).lock_at_most_for(lease)
+    /// .lock_at_least_for(this)`, whose work only prints `ACQUIRED`; then `RELEASED ok`
+    /// (or `BUSY`) and exit.
+    pub job_min_hold: Option<Duration>,
 }
 
 impl Spec {
@@ -67,6 +71,7 @@ impl Spec {
             renew: true,
             wait: Duration::ZERO,
             skew: None,
+            job_min_hold: None,
         }
     }
 }
@@ -137,7 +142,11 @@ impl HolderProc {
             .arg(&spec.url)
             .arg(&spec.key)
             .arg(spec.lease.as_millis().to_string())
-            .arg(if spec.renew { "renew" } else { "no-renew" })
+            .arg(match (spec.job_min_hold, spec.renew) {
+                (Some(min_hold), _) => format!("job{}", min_hold.as_millis()),
+                (None, true) => "renew".to_owned(),
+                (None, false) => "no-renew".to_owned(),
+            })
             .arg(spec.wait.as_millis().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -257,7 +266,7 @@ impl HolderProc {
 
 // ---- the holder process itself ------------------------------------------------------
 
-/// Entry point of a holder process: `<url> <key> <lease ms> renew|no-renew <wait ms>`.
+/// Entry point of a holder process: `<url> <key> <lease ms> renew|no-renew|job<ms> <wait ms>`.
 pub fn child_main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -294,6 +303,9 @@ async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {
         .max_connections(2)
         .connect(url)
         .await?;
+    if let Some(min_hold) = renew.strip_prefix("job") {
+        return run_job(&Locker::new(pool), key, lease, min_hold.parse()?).await;
+    }
     let locker = Locker::new(pool.clone()).auto_renew(renew == "renew");
     let guard = if wait.is_zero() {
         match locker.try_acquire(key, lease).await? {
@@ -358,4 +370,29 @@ async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {
             }
         }
     }
+}
+
+/// The holder as a scheduled job: one run whose work only reports the acquisition.
+async fn run_job<DB: FaultDb>(
+    locker: &Locker<DB>,
+    key: &str,
+    lease: Duration,
+    min_hold_ms: u64,
+) -> Res<()> {
+    let ran = locker
+        .job(key)
+        .lock_at_most_for(lease)
+        .lock_at_least_for(Duration::from_millis(min_hold_ms))
+        .run(async |guard| {
+            println!(
+                "ACQUIRED {} {} {}",
+                guard.fencing_token(),
+                guard.owner(),
+                guard.expires_at().timestamp_micros()
+            );
+            Ok::<_, Error>(())
+        })
+        .await?;
+    println!("{}", if ran.is_some() { "RELEASED ok" } else { "BUSY" });
+    Ok(())
 }

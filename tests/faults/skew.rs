@@ -29,6 +29,105 @@ pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection:
         })
         .await;
     }
+    for (name, offset) in [
+        ("5c job minimum hold, clock 1 h ahead", "+1h"),
+        ("5d job minimum hold, clock 1 h behind", "-1h"),
+    ] {
+        scenario(ctx, report, selection, name, async |ctx: &mut Ctx<DB>| {
+            skewed_job(ctx, offset).await
+        })
+        .await;
+    }
+}
+
+/// A job's `lock_at_least_for` that a skewed client sets.
+const MIN_HOLD: Duration = Duration::from_millis(800);
+
+/// A scheduled job run by a client whose clock is off by an hour keeps the key exactly
+/// `lock_at_least_for` after its acquisition by the database clock: an unskewed node
+/// skips right after it, and runs once that time is over (not an hour early or late).
+async fn skewed_job<DB: FaultDb>(ctx: &mut Ctx<DB>, offset: &'static str) -> Res<String> {
+    if !ctx.networked() {
+        return Err(NotApplicable(
+            "embedded: the database clock is each client's own clock, so a skewed client skews it",
+        )
+        .into());
+    }
+    if libfaketime().is_none() {
+        let reason = "libfaketime is not installed (apt-get install faketime)".to_owned();
+        if required("faketime") {
+            return Err(reason.into());
+        }
+        return Err(Skipped(reason).into());
+    }
+    let key = format!("fault:job{offset}");
+    let mut spec = Spec::new(&ctx.url, &key, Duration::from_secs(30));
+    spec.skew = Some(offset);
+    spec.job_min_hold = Some(MIN_HOLD);
+    let mut job = HolderProc::spawn(&spec)?;
+    let clock = job.expect("CLOCK", HOLDER_START).await?;
+    let skew_s = (clock.int(0)? - clock.wall) / 1_000_000;
+    ensure!(
+        (skew_s.abs() - 3600).abs() < 60,
+        "the job's clock was {skew_s:+} s off the suite's, expected {offset}: faketime did not apply"
+    );
+    let acquired = job.expect("ACQUIRED", HOLDER_START).await?;
+    let released = job.expect("RELEASED", HOLDER_START).await?;
+    ensure!(
+        released.text == "RELEASED ok",
+        "the skewed job: {}",
+        released.text
+    );
+    job.wait_exit(HOLDER_START).await?;
+
+    let kept = ctx
+        .locker
+        .holder(&key)
+        .await?
+        .ok_or("the job's row went at once")?;
+    let kept_for = (kept.expires_at - kept.acquired_at)
+        .num_microseconds()
+        .unwrap_or(0);
+    ensure!(
+        kept_for == MIN_HOLD.as_micros() as i64,
+        "the row is kept {} after its acquisition, expected {}",
+        ms(kept_for),
+        ms(MIN_HOLD.as_micros() as i64)
+    );
+    let skipped = ctx
+        .locker
+        .job(&key)
+        .run(async |_| Ok::<_, dblock::Error>(()))
+        .await?;
+    ensure!(
+        skipped.is_none(),
+        "an unskewed node ran the job during the skewed one's minimum"
+    );
+    // The unskewed node runs it as soon as the minimum is over by the database clock.
+    let deadline = acquired.at + MIN_HOLD + TAKEOVER_SLACK;
+    let ran_at = loop {
+        let ran = ctx
+            .locker
+            .job(&key)
+            .run(async |_| Ok::<_, dblock::Error>(()))
+            .await?;
+        if ran.is_some() {
+            break Instant::now();
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the key was still kept {} after the skewed job's acquisition",
+            secs(MIN_HOLD + TAKEOVER_SLACK)
+        );
+        // Polling the key is what this checks (a node's next timer); 20 ms steps.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    Ok(format!(
+        "client clock {skew_s:+} s: kept {} by the database clock; an unskewed node \
+         skipped, then ran it {} after the skewed acquisition",
+        ms(kept_for),
+        ms((ran_at - acquired.at).as_micros() as i64)
+    ))
 }
 
 async fn skewed<DB: FaultDb>(ctx: &mut Ctx<DB>, offset: &'static str, seconds: i64) -> Res<String> {
