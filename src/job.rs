@@ -16,9 +16,9 @@ use crate::locker::{Locker, run_holding};
 /// A scheduled job's lock, built by [`Locker::job`]; run it with [`run`](Self::run).
 ///
 /// # Defaults
-/// `lock_at_most_for`: the Locker's default lease ([`LockerBuilder::default_lease`]
-/// (crate::LockerBuilder::default_lease), 30 s unless set). `lock_at_least_for`: zero
-/// (the key is free as soon as the work ends).
+/// `lock_at_most_for`: the Locker's default lease
+/// ([`LockerBuilder::default_lease`](crate::LockerBuilder::default_lease), 30 s unless
+/// set). `lock_at_least_for`: zero (the key is free as soon as the work ends).
 #[must_use = "a job does nothing until it is run"]
 pub struct Job<'a, DB: Backend> {
     locker: &'a Locker<DB>,
