@@ -67,7 +67,8 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// Another builder option is out of range (owner prefix, batch size, ...).
+    /// Another option or argument is out of range (owner prefix, batch size, list
+    /// limit, ...).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     /// A waiting acquire ran out of time while someone else held the lock.

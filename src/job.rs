@@ -99,22 +99,37 @@ impl<DB: Backend> Job<'_, DB> {
             outcome = tracing::field::Empty
         );
         let run = async {
-            self.validate()?;
-            // No renewal: `lock_at_most_for` is a bound, not a starting length.
-            let locker = self.locker.auto_renew(false);
-            let Some(guard) = locker.try_acquire(&self.key, self.at_most).await? else {
-                tracing::Span::current().record("outcome", "skipped");
-                return Ok(None);
+            let guard = match self.acquire().await {
+                Ok(Some(guard)) => guard,
+                Ok(None) => {
+                    tracing::Span::current().record("outcome", "skipped");
+                    return Ok(None);
+                }
+                Err(err) => {
+                    tracing::Span::current().record("outcome", "error");
+                    return Err(err.into());
+                }
             };
-            if !self.at_least.is_zero() {
-                guard.set_min_hold(self.at_least);
-            }
             let outcome = run_holding(guard, work).await;
             let said = if outcome.is_ok() { "ran" } else { "failed" };
             tracing::Span::current().record("outcome", said);
             outcome.map(Some)
         };
         run.instrument(span).await
+    }
+
+    /// Checks the options, then one attempt without renewal (`lock_at_most_for` is a
+    /// bound, not a starting length), with the minimum hold set on the won lease.
+    async fn acquire(&self) -> Result<Option<LockGuard<DB>>> {
+        self.validate()?;
+        let locker = self.locker.auto_renew(false);
+        let guard = locker.try_acquire(&self.key, self.at_most).await?;
+        if let Some(guard) = &guard
+            && !self.at_least.is_zero()
+        {
+            guard.set_min_hold(self.at_least);
+        }
+        Ok(guard)
     }
 
     fn validate(&self) -> Result<()> {
