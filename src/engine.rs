@@ -51,6 +51,7 @@ use crate::dialect::{Backend, Contention, Renewal, RowState};
 use crate::error::LostReason;
 use crate::fair::Tickets;
 use crate::lease::{Lease, Won};
+use crate::metrics;
 use crate::queue::LocalQueues;
 use crate::retry::{Retry, by, retry};
 use crate::stats::Counters;
@@ -71,6 +72,8 @@ pub(crate) struct Engine<DB: Backend> {
 
 struct Inner<DB: Backend> {
     table: Arc<LockTable<DB>>,
+    /// The table's name, shared with leases and queues for the metrics' `table` label.
+    table_name: Arc<str>,
     counters: Arc<Counters>,
     retry: RetryPolicy,
     state: Mutex<State>,
@@ -118,9 +121,11 @@ impl<DB: Backend> Engine<DB> {
         listen: Listen<DB>,
         tickets: Option<Tickets>,
     ) -> Self {
+        let table_name: Arc<str> = table.name().into();
         Engine {
             inner: Arc::new(Inner {
                 table: Arc::new(table),
+                table_name: Arc::clone(&table_name),
                 counters,
                 retry,
                 state: Mutex::new(State {
@@ -137,7 +142,7 @@ impl<DB: Backend> Engine<DB> {
                 stop: CancellationToken::new(),
                 jobs: TaskTracker::new(),
                 task: Mutex::new(None),
-                queues: LocalQueues::default(),
+                queues: LocalQueues::new(table_name),
                 wakeups: Wakeups::new(listen.on && DB::NOTIFIES, listen.options),
                 tickets,
             }),
@@ -215,7 +220,12 @@ impl<DB: Backend> Engine<DB> {
         let mut state = inner.state();
         let id = state.next_id;
         state.next_id += 1;
-        let lease = Arc::new(Lease::new(won, id, Arc::clone(&inner.counters)));
+        let lease = Arc::new(Lease::new(
+            won,
+            id,
+            Arc::clone(&inner.counters),
+            Arc::clone(&inner.table_name),
+        ));
         let Some(interval) = lease.interval.filter(|_| !state.stopped) else {
             return lease;
         };
@@ -286,6 +296,7 @@ impl<DB: Backend> Engine<DB> {
         let sent_at = Instant::now();
         let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
         if let Some(expires_at) = expiry {
+            metrics::renewals(&self.inner.table_name, 1);
             let due = lease.renewed(expires_at, sent_at, length);
             // A shorter lease may be due before the engine's planned wake-up.
             if lease.interval.is_some() {
@@ -498,6 +509,7 @@ impl<DB: Backend> Inner<DB> {
         *backoff = Box::new(self.retry.delays());
         let mut lost = Vec::new();
         let mut unsure = Vec::new();
+        let mut renewed = 0;
         let by_key = index_by_key(&rows);
         for lease in batch {
             if lease.lost_reason().is_some() {
@@ -513,7 +525,7 @@ impl<DB: Backend> Inner<DB> {
                 Verdict::Lost(LostReason::Expired) if Instant::now() < lease.deadline() => {
                     unsure.push(Arc::clone(lease));
                 }
-                verdict => self.apply(lease, verdict, sent_at, &mut lost),
+                verdict => renewed += self.apply(lease, verdict, sent_at, &mut lost),
             }
         }
         if !unsure.is_empty() {
@@ -523,7 +535,7 @@ impl<DB: Backend> Inner<DB> {
                     let by_key = index_by_key(&rows);
                     for lease in &unsure {
                         let rows = by_key.get(lease.key.as_str()).map(Vec::as_slice);
-                        self.apply(lease, judge(lease, rows), sent_at, &mut lost);
+                        renewed += self.apply(lease, judge(lease, rows), sent_at, &mut lost);
                     }
                 }
                 // Left to the next pass, as after any failed batch.
@@ -538,6 +550,7 @@ impl<DB: Backend> Inner<DB> {
                 }
             }
         }
+        metrics::renewals(&self.table_name, renewed);
         if !lost.is_empty() {
             let mut state = self.state();
             for id in lost {
@@ -548,19 +561,22 @@ impl<DB: Backend> Inner<DB> {
         }
     }
 
-    /// Records what a batch said about one lease; a lost one goes on `lost`.
-    fn apply(&self, lease: &Lease, verdict: Verdict, sent_at: Instant, lost: &mut Vec<u64>) {
+    /// Records what a batch said about one lease; a lost one goes on `lost`. How many
+    /// leases it renewed (0 or 1).
+    fn apply(&self, lease: &Lease, verdict: Verdict, sent_at: Instant, lost: &mut Vec<u64>) -> u64 {
         match verdict {
             Verdict::Renewed(expires_at) => {
                 lease.renewed(expires_at, sent_at, lease.length);
                 Counters::bump(&self.counters.renewed);
                 tracing::trace!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, %expires_at, "lease renewed");
+                1
             }
             Verdict::Lost(reason) => {
                 lease.mark_lost(reason);
                 lost.push(lease.id);
                 // The key may be free (or someone else's): a local waiter looks.
                 self.queues.released(&lease.key);
+                0
             }
         }
     }
@@ -642,6 +658,11 @@ impl<DB: Backend> Inner<DB> {
         })
         .await;
         let kept = matches!(outcome, Ok((_, true)));
+        // Held no more by this process: also when the DELETE failed (a background release
+        // only repeats it), and when the row is kept for a job's minimum hold (nobody
+        // works under it, it waits out its time). Before the next local waiter is woken
+        // below, so that the held gauge never counts this lease and the waiter's at once.
+        lease.end_hold();
         // The next local waiter tries at once rather than at the end of its backoff
         // (also when the DELETE failed: the lease may have ended anyway). A row kept for
         // a minimum hold is still held: the waiters sleep until its lease ends.

@@ -10,6 +10,7 @@ use crate::dialect::{Backend, LockId};
 use crate::error::{Error, LostReason, Result};
 use crate::lease::Lease;
 use crate::locker::Shared;
+use crate::metrics;
 
 /// A held lock. Release it with [`release`](Self::release).
 ///
@@ -152,11 +153,18 @@ impl<DB: Backend> LockGuard<DB> {
     /// If the future is dropped before the database answered, the guard's drop finishes
     /// the release in the background.
     pub async fn release(mut self) -> Result<()> {
+        let span = metrics::release_span(self.key(), self.table());
         if !self.lease.unnest() {
             self.hold = Hold::Done;
+            span.record("outcome", metrics::NESTED);
             return Ok(());
         }
         self.hold = Hold::Ending;
+        metrics::in_span(span, self.end_lease(), metrics::release_outcome).await
+    }
+
+    /// The release of the last hold: renewal stops, the row goes.
+    async fn end_lease(mut self) -> Result<()> {
         let outcome = self.locker.engine.release(&self.lease).await;
         self.hold = Hold::Done;
         match outcome {

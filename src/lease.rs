@@ -6,7 +6,7 @@
 //! lease nobody renews (renewal off, or its engine stopped) marks itself `Expired` when
 //! that deadline passes and somebody looks ([`Lease::lost`], [`Lease::lost_reason`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::dialect::LockId;
 use crate::error::LostReason;
+use crate::metrics::{self, Failure};
 use crate::stats::Counters;
 
 /// What holders can observe about a lease.
@@ -66,6 +67,12 @@ pub(crate) struct Lease {
     /// A job's minimum hold: the release keeps the row until this long after the
     /// acquisition (database clock) rather than deleting it sooner.
     min_hold: std::sync::OnceLock<Duration>,
+    /// The lock table's name (the metrics' `table` label).
+    table: Arc<str>,
+    /// When the acquisition statement was sent: the start of the hold time.
+    acquired_at: Instant,
+    /// Whether the lease stopped counting as held ([`Lease::end_hold`]).
+    hold_ended: AtomicBool,
 }
 
 /// What a won acquisition hands to [`Lease::new`].
@@ -102,12 +109,14 @@ impl Lease {
         self.min_hold.get().copied()
     }
 
-    pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>) -> Self {
+    /// A won lease of `table`; it counts as held from now until [`end_hold`](Self::end_hold).
+    pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>, table: Arc<str>) -> Self {
         let (status, _) = watch::channel(Status {
             expires_at: won.expires_at,
             lost: None,
         });
         let deadline = won.sent_at + won.length;
+        metrics::held(&table, 1);
         Lease {
             key: won.key,
             owner: won.owner,
@@ -129,6 +138,9 @@ impl Lease {
             counters,
             ticket: std::sync::OnceLock::new(),
             min_hold: std::sync::OnceLock::new(),
+            table,
+            acquired_at: won.sent_at,
+            hold_ended: AtomicBool::new(false),
         }
     }
 
@@ -242,13 +254,16 @@ impl Lease {
         self.status.send_modify(|_| {});
     }
 
-    /// Reports the loss once: counter, event, and every `lost()` waiter.
+    /// Reports the loss once: counters, metrics, event, and every `lost()` waiter.
     pub(crate) fn mark_lost(&self, reason: LostReason) {
         let mut first = false;
         self.status.send_modify(|s| {
             if s.lost.is_none() {
                 s.lost = Some(reason);
                 first = true;
+                // Before `lost()` waiters wake: what they read next includes the loss.
+                metrics::failure(&self.table, Failure::Lost(reason));
+                self.end_hold();
             }
         });
         if first {
@@ -271,5 +286,23 @@ impl Lease {
     /// Drops one holder; `true` when it was the last and the row must go.
     pub(crate) fn unnest(&self) -> bool {
         self.holds.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// The lease stops counting as held by this process: at its release, its loss, or (if
+    /// neither was seen) when the last reference to it goes, whichever comes first. Records
+    /// the hold time and lowers the held gauge, once.
+    pub(crate) fn end_hold(&self) {
+        if !self.hold_ended.swap(true, Ordering::AcqRel) {
+            metrics::held(&self.table, -1);
+            metrics::hold_time(&self.table, self.acquired_at.elapsed().as_secs_f64());
+        }
+    }
+}
+
+impl Drop for Lease {
+    /// The backstop of [`end_hold`](Lease::end_hold): a lease whose release never ran (no
+    /// runtime left for a dropped guard's background release) still stops counting.
+    fn drop(&mut self) {
+        self.end_hold();
     }
 }

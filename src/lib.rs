@@ -29,6 +29,7 @@ mod dialect;
 mod config;
 mod error;
 mod ident;
+mod metrics;
 mod retry;
 mod stats;
 

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::fair::Tickets;
 use crate::guard::LockGuard;
 use crate::lease::Lease;
+use crate::metrics;
 use crate::owner::Owner;
 use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
 use crate::stats::{Counters, Stats};
@@ -372,9 +373,9 @@ impl<DB: Backend> Locker<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        let lease = self
-            .attempt(key, &self.new_owner(), lease, None, &mut None)
-            .await?;
+        let (owner, mut gate) = (self.new_owner(), None);
+        let attempt = self.attempt(key, &owner, lease, None, &mut gate);
+        let lease = metrics::try_acquire(self.table(), key, attempt).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
@@ -403,11 +404,10 @@ impl<DB: Backend> Locker<DB> {
         validate_acquire(key, lease, wait)?;
         let owner = self.new_owner();
         let engine = &self.shared.engine;
-        let won = engine
-            .wait_for(key, wait, async |ticket| {
-                self.attempt(key, &owner, lease, ticket, &mut None).await
-            })
-            .await?;
+        let won = engine.wait_for(key, wait, async |ticket| {
+            self.attempt(key, &owner, lease, ticket, &mut None).await
+        });
+        let won = metrics::acquire(self.table(), key, wait, won).await?;
         Ok(self.guard(won))
     }
 

@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::locker::Locker;
+use crate::metrics;
 
 /// One lock-holding identity with a fixed owner value, like a thread in Redisson.
 ///
@@ -78,7 +79,8 @@ impl<DB: Backend> Owner<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        let won = self.attempt(key, lease, None).await?;
+        let attempt = self.attempt(key, lease, None);
+        let won = metrics::try_acquire(self.locker.table(), key, attempt).await?;
         Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
@@ -94,16 +96,16 @@ impl<DB: Backend> Owner<DB> {
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
-        // Nested at once, never queued behind waiters for a key this owner holds.
-        if let Some(nested) = self.nest(key) {
-            return Ok(self.locker.guard(nested));
-        }
         let engine = &self.locker.shared.engine;
-        let won = engine
-            .wait_for(key, wait, async |ticket| {
-                self.attempt(key, lease, ticket).await
-            })
-            .await?;
+        let won = async {
+            // Nested at once, never queued behind waiters for a key this owner holds.
+            if let Some(nested) = self.nest(key) {
+                return Ok(nested);
+            }
+            let attempt = async |ticket| self.attempt(key, lease, ticket).await;
+            engine.wait_for(key, wait, attempt).await
+        };
+        let won = metrics::acquire(self.locker.table(), key, wait, won).await?;
         Ok(self.locker.guard(won))
     }
 

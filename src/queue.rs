@@ -12,11 +12,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
+use crate::metrics;
+
 /// The queues of one Locker, by key.
-#[derive(Default)]
 pub(crate) struct LocalQueues {
     keys: Mutex<HashMap<String, VecDeque<Waiter>>>,
     next_id: AtomicU64,
+    /// The lock table's name (the waiters gauge's `table` label).
+    table: Arc<str>,
 }
 
 struct Waiter {
@@ -52,6 +55,15 @@ pub(crate) struct Place<'q> {
 }
 
 impl LocalQueues {
+    /// No waiters yet, for a Locker on `table`.
+    pub(crate) fn new(table: Arc<str>) -> Self {
+        LocalQueues {
+            keys: Mutex::default(),
+            next_id: AtomicU64::new(0),
+            table,
+        }
+    }
+
     fn keys(&self) -> MutexGuard<'_, HashMap<String, VecDeque<Waiter>>> {
         self.keys.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -67,7 +79,11 @@ impl LocalQueues {
         self.join_as(key, true)
     }
 
+    /// Every waiter, plain or fair, joins here and leaves in [`Place`]'s drop, exactly
+    /// once however its wait ends (won, timed out, failed, cancelled): the waiters gauge
+    /// moves at those two places only.
     fn join_as(&self, key: &str, fair: bool) -> Place<'_> {
+        metrics::waiters(&self.table, 1);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Turn::default();
         self.keys()
@@ -144,6 +160,7 @@ impl Place<'_> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
+        metrics::waiters(&self.queues.table, -1);
         let mut keys = self.queues.keys();
         let Some(queue) = keys.get_mut(&self.key) else {
             return;
@@ -167,7 +184,7 @@ mod tests {
 
     #[test]
     fn the_turn_passes_in_arrival_order_and_skips_who_left() {
-        let queues = LocalQueues::default();
+        let queues = LocalQueues::new("t".into());
         let first = queues.join("k");
         let second = queues.join("k");
         let third = queues.join("k");
