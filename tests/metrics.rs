@@ -1,0 +1,424 @@
+//! Issue 4's metrics and issue 6's spans, read back on every backend: names, labels and
+//! exact values through a recording recorder ([`record`]), and the `acquire` / `release`
+//! spans through a recording tracing layer.
+//!
+//! Each case works in a lock table of its own ([`TestDb`]) and reads only the metrics and
+//! spans of that table, so the cases run in parallel in one binary with one global
+//! recorder. Times are bounded by what the case measured around the calls.
+
+// This binary uses part of the shared harness; the rest is for the conformance binaries.
+#[allow(dead_code)]
+mod common;
+#[path = "metrics/record.rs"]
+mod record;
+
+use std::time::Duration;
+
+use dblock::{Error, Locker, LostReason};
+use tokio::time::{Instant, timeout};
+use tracing::Instrument;
+
+use common::{TestBackend, TestDb, wait_until};
+use record::{Metrics, SpanRecord, labels};
+
+const ACQUIRE_TIME: &str = "distributed_lock_acquire_time";
+const FAILURE_COUNT: &str = "distributed_lock_failure_count";
+const HOLD_TIME: &str = "distributed_lock_hold_time";
+const HELD: &str = "distributed_lock_held";
+const WAITERS: &str = "distributed_lock_waiters";
+const RENEWALS: &str = "distributed_lock_renewals";
+
+/// A lease that never runs out during a case.
+const LONG: Duration = Duration::from_secs(30);
+/// Bound for anything awaited or polled: far above what a healthy run needs.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// The case's database, with the recorder installed first.
+async fn open<DB: TestBackend>() -> Option<TestDb<DB>> {
+    record::install();
+    TestDb::open().await
+}
+
+fn metrics<DB: TestBackend>(db: &TestDb<DB>) -> Metrics {
+    record::of_table(&db.table)
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Asserts `lower <= value <= upper` (seconds), saying which bound failed.
+fn assert_within(what: &str, value: f64, lower: Duration, upper: Duration) {
+    assert!(
+        secs(lower) <= value && value <= secs(upper),
+        "{what}: {value} s is outside the measured [{}, {}] s",
+        secs(lower),
+        secs(upper)
+    );
+}
+
+/// Acquired, busy (`try_acquire`, and a zero-wait `acquire`) and timeout: one histogram
+/// value each with the right `outcome`, a `timeout` failure, the held gauge up while held
+/// and back to 0 after the release, one hold time within the measured interval, and an
+/// `extend` counted as one renewal. Every metric has exactly its documented labels.
+pub async fn outcomes_are_labelled<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let locker = &db.locker;
+    let t0 = Instant::now();
+    let guard = locker.try_acquire("k", LONG).await.unwrap().expect("free");
+    let t1 = Instant::now();
+    assert!(locker.try_acquire("k", LONG).await.unwrap().is_none());
+    match locker.acquire("k", LONG, Duration::ZERO).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("a zero wait on a held key: {other:?}"),
+    }
+    let wait = Duration::from_millis(200);
+    let t2 = Instant::now();
+    match locker.acquire("k", LONG, wait).await {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("a wait on a held key: {other:?}"),
+    }
+    let t3 = Instant::now();
+
+    let m = metrics(&db);
+    let counts = m.histogram_counts(ACQUIRE_TIME);
+    let expected = [
+        (labels(&[("outcome", "acquired")]), 1),
+        (labels(&[("outcome", "busy")]), 2),
+        (labels(&[("outcome", "timeout")]), 1),
+    ];
+    assert_eq!(counts, expected.into_iter().collect(), "acquire outcomes");
+    let acquired = m.histogram(ACQUIRE_TIME, &[("outcome", "acquired")]);
+    assert_within("acquired time", acquired[0], Duration::ZERO, t1 - t0);
+    let timed_out = m.histogram(ACQUIRE_TIME, &[("outcome", "timeout")]);
+    assert_within("timeout time", timed_out[0], wait, t3 - t2);
+    let failures = m.counters_named(FAILURE_COUNT);
+    let expected = [(labels(&[("reason", "timeout")]), 1)];
+    assert_eq!(
+        failures,
+        expected.into_iter().collect(),
+        "only the timeout failed"
+    );
+    assert_eq!(m.gauge(HELD, &[]), 1.0, "one lease held");
+    assert_eq!(m.gauge(WAITERS, &[]), 0.0, "the timed-out waiters left");
+    assert!(
+        m.histogram(HOLD_TIME, &[]).is_empty(),
+        "nothing released yet"
+    );
+    assert_eq!(m.unit(ACQUIRE_TIME), Some(metrics::Unit::Seconds));
+    assert_eq!(m.unit(HOLD_TIME), Some(metrics::Unit::Seconds));
+
+    guard.extend(LONG).await.unwrap();
+    assert_eq!(
+        metrics(&db).counter(RENEWALS, &[]),
+        1,
+        "an extend is a renewal"
+    );
+
+    let t4 = Instant::now();
+    guard.release().await.unwrap();
+    let t5 = Instant::now();
+    let m = metrics(&db);
+    assert_eq!(m.gauge(HELD, &[]), 0.0, "released");
+    let held = m.histogram(HOLD_TIME, &[]);
+    assert_eq!(held.len(), 1, "one hold time: {held:?}");
+    assert_within("hold time", held[0], t4 - t1, t5 - t0);
+
+    let documented = |name: &str| -> Vec<String> {
+        let mut labels = vec!["table".to_owned()];
+        match name {
+            ACQUIRE_TIME => labels.push("outcome".to_owned()),
+            FAILURE_COUNT => labels.push("reason".to_owned()),
+            _ => {}
+        }
+        labels.sort();
+        labels
+    };
+    for (name, labels) in m.label_names() {
+        assert!(name.starts_with("distributed_lock_"), "{name}");
+        assert_eq!(labels, documented(&name), "the labels of {name}");
+    }
+}
+
+/// Acquisitions that fail (no lock table) are `error` outcomes and `error` failures, from
+/// `try_acquire` and from a waiting `acquire` alike.
+pub async fn errors_are_counted<DB: TestBackend>() {
+    record::install();
+    let Some(db) = TestDb::<DB>::open_unmigrated().await else {
+        return;
+    };
+    let err = db.locker.try_acquire("k", LONG).await.unwrap_err();
+    assert!(matches!(err, Error::MissingTable { .. }), "{err:?}");
+    let err = db.locker.acquire("k", LONG, LONG).await.unwrap_err();
+    assert!(matches!(err, Error::MissingTable { .. }), "{err:?}");
+    let m = metrics(&db);
+    let expected = [(labels(&[("outcome", "error")]), 2)];
+    let counts = m.histogram_counts(ACQUIRE_TIME);
+    assert_eq!(counts, expected.into_iter().collect());
+    let expected = [(labels(&[("reason", "error")]), 2)];
+    let failures = m.counters_named(FAILURE_COUNT);
+    assert_eq!(failures, expected.into_iter().collect());
+    assert_eq!(m.gauge(HELD, &[]), 0.0);
+}
+
+/// A row deleted behind a renewed guard's back: `lost_deleted` once, the hold ends at the
+/// loss (held back to 0, one hold time within the measured interval), and the release
+/// that follows records nothing more. Renewals match the engine's own count.
+pub async fn deleted_lease_is_counted_once<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let locker = Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .renew_interval(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let t0 = Instant::now();
+    let guard = locker.try_acquire("k", LONG).await.unwrap().expect("free");
+    let t1 = Instant::now();
+    wait_until("the engine renewed once", PATIENCE, async || {
+        locker.stats().renewed >= 1
+    })
+    .await;
+    let t2 = Instant::now();
+    assert_eq!(db.plain.delete("k").await, 1);
+    let reason = timeout(PATIENCE, guard.lost()).await.expect("lost() fires");
+    let t3 = Instant::now();
+    assert_eq!(reason, LostReason::Deleted);
+
+    let m = metrics(&db);
+    let failures = m.counters_named(FAILURE_COUNT);
+    let expected = [(labels(&[("reason", "lost_deleted")]), 1)];
+    assert_eq!(failures, expected.into_iter().collect());
+    assert_eq!(m.gauge(HELD, &[]), 0.0, "a lost lease is not held");
+    let held = m.histogram(HOLD_TIME, &[]);
+    assert_eq!(held.len(), 1, "one hold time: {held:?}");
+    assert_within("hold time", held[0], t2 - t1, t3 - t0);
+    assert_eq!(
+        m.counter(RENEWALS, &[]),
+        locker.stats().renewed,
+        "every renewal counted"
+    );
+
+    assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+    let m = metrics(&db);
+    assert_eq!(
+        m.gauge(HELD, &[]),
+        0.0,
+        "the release after the loss lowers nothing"
+    );
+    assert_eq!(
+        m.histogram(HOLD_TIME, &[]).len(),
+        1,
+        "nor times the hold again"
+    );
+    assert_eq!(m.counter(FAILURE_COUNT, &[("reason", "lost_deleted")]), 1);
+    locker.shutdown().await;
+}
+
+/// A lease nobody renews ends at its deadline: `lost_expired`, and a hold time of at
+/// least the lease.
+pub async fn expired_lease_is_counted<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let lease = Duration::from_millis(300);
+    let t0 = Instant::now();
+    let guard = db.locker.try_acquire("k", lease).await.unwrap().unwrap();
+    let reason = timeout(PATIENCE, guard.lost()).await.expect("lost() fires");
+    let t1 = Instant::now();
+    assert_eq!(reason, LostReason::Expired);
+    let m = metrics(&db);
+    assert_eq!(m.counter(FAILURE_COUNT, &[("reason", "lost_expired")]), 1);
+    assert_eq!(m.gauge(HELD, &[]), 0.0);
+    let held = m.histogram(HOLD_TIME, &[]);
+    assert_eq!(held.len(), 1, "one hold time: {held:?}");
+    assert_within("hold time", held[0], lease, t1 - t0);
+    drop(guard);
+}
+
+/// The waiters gauge follows the queue: up for each waiter, down when one is cancelled,
+/// and when one wins.
+pub async fn waiters_are_counted_until_they_leave<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let locker = db.locker.clone();
+    let guard = locker.try_acquire("k", LONG).await.unwrap().expect("free");
+    let waiter = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.acquire("k", LONG, PATIENCE).await }
+    });
+    wait_until("one waiter queued", PATIENCE, async || {
+        locker.waiting("k") == 1
+    })
+    .await;
+    let cancelled = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.acquire("k", LONG, PATIENCE).await }
+    });
+    wait_until("two waiters queued", PATIENCE, async || {
+        locker.waiting("k") == 2
+    })
+    .await;
+    assert_eq!(metrics(&db).gauge(WAITERS, &[]), 2.0);
+    cancelled.abort();
+    assert!(cancelled.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        metrics(&db).gauge(WAITERS, &[]),
+        1.0,
+        "the cancelled one left"
+    );
+
+    guard.release().await.unwrap();
+    let second = waiter
+        .await
+        .unwrap()
+        .expect("the waiter wins after the release");
+    let m = metrics(&db);
+    assert_eq!(m.gauge(WAITERS, &[]), 0.0, "the winner left the queue");
+    assert_eq!(m.gauge(HELD, &[]), 1.0);
+    assert_eq!(
+        m.histogram(ACQUIRE_TIME, &[("outcome", "acquired")]).len(),
+        2
+    );
+    second.release().await.unwrap();
+    let m = metrics(&db);
+    assert_eq!(m.gauge(HELD, &[]), 0.0);
+    assert_eq!(m.histogram(HOLD_TIME, &[]).len(), 2);
+}
+
+/// A reentrant owner's nested guards share one lease: one held, one hold time, however
+/// many guards; each acquisition is an `acquired` outcome.
+pub async fn nested_guards_count_one_lease<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let owner = db.locker.owner();
+    let outer = owner.try_acquire("k", LONG).await.unwrap().expect("free");
+    let inner = owner.acquire("k", LONG, LONG).await.unwrap();
+    let m = metrics(&db);
+    assert_eq!(m.gauge(HELD, &[]), 1.0, "one lease");
+    assert_eq!(
+        m.histogram(ACQUIRE_TIME, &[("outcome", "acquired")]).len(),
+        2
+    );
+    outer.release().await.unwrap();
+    let m = metrics(&db);
+    assert_eq!(m.gauge(HELD, &[]), 1.0, "still held by the inner guard");
+    assert!(m.histogram(HOLD_TIME, &[]).is_empty());
+    inner.release().await.unwrap();
+    let m = metrics(&db);
+    assert_eq!(m.gauge(HELD, &[]), 0.0);
+    assert_eq!(m.histogram(HOLD_TIME, &[]).len(), 1);
+}
+
+/// A dropped guard's background release ends its hold too (the engine's shutdown waits
+/// for that release).
+pub async fn dropped_guard_ends_its_hold<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let guard = db
+        .locker
+        .try_acquire("k", LONG)
+        .await
+        .unwrap()
+        .expect("free");
+    drop(guard);
+    db.locker.shutdown().await;
+    let m = metrics(&db);
+    assert_eq!(m.gauge(HELD, &[]), 0.0);
+    assert_eq!(m.histogram(HOLD_TIME, &[]).len(), 1);
+}
+
+/// `acquire` and `release` are spans with key, table and outcome, children of the
+/// caller's span, also through `with_lock`.
+pub async fn spans_nest_under_the_callers_span<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let locker = &db.locker;
+    let request = tracing::info_span!("request", table = %db.table);
+    async {
+        let guard = locker.try_acquire("k", LONG).await.unwrap().expect("free");
+        assert!(locker.try_acquire("k", LONG).await.unwrap().is_none());
+        let waited = locker.acquire("k", LONG, Duration::from_millis(50)).await;
+        assert!(matches!(waited, Err(Error::Timeout { .. })));
+        guard.release().await.unwrap();
+        let work = async |_: &dblock::LockGuard<DB>| Ok::<_, Error>(());
+        locker.with_lock("w", LONG, LONG, work).await.unwrap();
+    }
+    .instrument(request)
+    .await;
+
+    let spans = record::spans();
+    let table = db.table.as_str();
+    let field = |span: &SpanRecord, name: &str| span.fields.get(name).cloned();
+    let parent = spans
+        .iter()
+        .position(|s| s.name == "request" && field(s, "table").as_deref() == Some(table))
+        .expect("the request span");
+    let ours: Vec<(&str, String, String)> = spans
+        .iter()
+        .filter(|s| field(s, "table").as_deref() == Some(table) && s.name != "request")
+        .map(|s| {
+            assert_eq!(s.parent, Some(parent), "{s:?} is a child of the request");
+            let key = field(s, "key").expect("a key field");
+            (s.name, key, field(s, "outcome").unwrap_or_default())
+        })
+        .collect();
+    let owned = |(name, key, outcome): (&'static str, &str, &str)| {
+        (name, key.to_owned(), outcome.to_owned())
+    };
+    let expected: Vec<_> = [
+        ("acquire", "k", "acquired"),
+        ("acquire", "k", "busy"),
+        ("acquire", "k", "timeout"),
+        ("release", "k", "released"),
+        ("acquire", "w", "acquired"),
+        ("release", "w", "released"),
+    ]
+    .into_iter()
+    .map(owned)
+    .collect();
+    assert_eq!(ours, expected);
+}
+
+/// One multi-threaded tokio test per case for backend `$db`.
+macro_rules! cases {
+    ($db:ty) => {
+        cases!(@each $db;
+            outcomes_are_labelled,
+            errors_are_counted,
+            deleted_lease_is_counted_once,
+            expired_lease_is_counted,
+            waiters_are_counted_until_they_leave,
+            nested_guards_count_one_lease,
+            dropped_guard_ends_its_hold,
+            spans_nest_under_the_callers_span,
+        );
+    };
+    (@each $db:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                super::$case::<$db>().await;
+            }
+        )*
+    };
+}
+
+mod postgres {
+    cases!(dblock::Postgres);
+}
+
+mod mysql {
+    cases!(dblock::MySql);
+}
+
+mod sqlite {
+    cases!(dblock::Sqlite);
+}
