@@ -202,11 +202,18 @@ impl<DB: Backend> Engine<DB> {
             }
             attempts += 1;
             if let Some(lease) = attempt(ticket.as_ref().map(|t| t.number)).await? {
-                if let Some(ticket) = ticket {
-                    lease.set_ticket(ticket.number);
-                    ticket.delete().await;
-                }
-                return Ok(lease);
+                let Some(ticket) = ticket else {
+                    return Ok(lease);
+                };
+                lease.set_ticket(ticket.number);
+                // Cancelled while the ticket goes, the won lease has no guard yet: the
+                // engine releases it, as it does for an acquisition cancelled in flight.
+                let unclaimed = Unclaimed {
+                    engine: self,
+                    lease: Some(lease),
+                };
+                ticket.delete().await;
+                return Ok(unclaimed.claim());
             }
             if wait.is_zero() || Instant::now() >= deadline {
                 break;
@@ -227,5 +234,25 @@ impl<DB: Backend> Engine<DB> {
         drop(place);
         drop(ticket);
         Err(self.timed_out(key, started, attempts).await)
+    }
+}
+
+/// A won lease not yet handed to its caller: released in the background if dropped.
+struct Unclaimed<'a, DB: Backend> {
+    engine: &'a Engine<DB>,
+    lease: Option<Arc<Lease>>,
+}
+
+impl<DB: Backend> Unclaimed<'_, DB> {
+    fn claim(mut self) -> Arc<Lease> {
+        self.lease.take().expect("claimed once")
+    }
+}
+
+impl<DB: Backend> Drop for Unclaimed<'_, DB> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            self.engine.release_in_background(lease);
+        }
     }
 }

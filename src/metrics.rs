@@ -271,7 +271,6 @@ pub(crate) fn renewals(table: &str, n: u64) {
 }
 
 /// Sets the count of leases held longer than the leak check's threshold.
-#[allow(dead_code)] // For the leak check, written separately.
 pub(crate) fn long_held(table: &str, count: usize) {
     #[cfg(feature = "metrics")]
     {

@@ -227,6 +227,7 @@ async fn check_leaks<DB: Backend>(
             fencing_token: listed.row.fencing_token,
         })
         .collect();
+    crate::metrics::long_held(table.name(), rows.len());
     for row in &rows {
         tracing::warn!(table = %table.name(), key = %row.key, owner = %row.owner, fencing_token = row.fencing_token, held_for = ?row.held_for, ?threshold, "lock held longer than the leak threshold");
     }

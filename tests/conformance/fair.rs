@@ -200,3 +200,56 @@ pub async fn fair_skips_a_dead_waiter_after_its_ticket_lease<DB: TestBackend>() 
     // The waiters' tickets are gone; the dead one stays until it is purged.
     ticketed(&db, 1).await;
 }
+
+/// A fair waiter that won but is cancelled while its ticket is being deleted (the test
+/// holds the ticket row locked, so the DELETE waits) leaves no lock behind: the engine
+/// releases the won lease it had no guard for yet, and stops renewing it. SQLite has no
+/// row locks to hold the DELETE with, so it is left out there.
+pub async fn fair_winner_cancelled_while_its_ticket_goes_leaves_no_lock<DB: TestBackend>()
+where
+    for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    if DB::LABEL == "sqlite" {
+        eprintln!("sqlite: no row locks to hold a ticket's DELETE with; case left out");
+        return;
+    }
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "fair-cancel-won";
+    let lockers = two_fair_lockers(&db).await;
+    let holder = lockers[0].try_acquire(key, LONG).await.unwrap().unwrap();
+    let first_owner = holder.owner().to_owned();
+    let waiter = {
+        let locker = lockers[1].clone();
+        tokio::spawn(async move { locker.acquire(key, LONG, PATIENCE).await })
+    };
+    ticketed(&db, 1).await;
+    let mut blocker = db.pool.acquire().await.unwrap();
+    let lock_ticket = format!(
+        "BEGIN; SELECT ticket FROM {}_ticket WHERE lock_key = '{key}' FOR UPDATE",
+        db.table
+    );
+    sqlx::Executor::execute(
+        &mut *blocker,
+        sqlx::raw_sql(sqlx::AssertSqlSafe(lock_ticket)),
+    )
+    .await
+    .unwrap();
+    holder.release().await.unwrap();
+    // The waiter won: the row is its own, and its ticket's DELETE waits for the blocker.
+    crate::common::wait_until("the waiter won", PATIENCE, async || {
+        let row = db.locker.holder(key).await.unwrap();
+        row.is_some_and(|row| row.owner != first_owner)
+    })
+    .await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    sqlx::Executor::execute(&mut *blocker, sqlx::raw_sql("ROLLBACK"))
+        .await
+        .unwrap();
+    crate::common::wait_until("the won lease is released", PATIENCE, async || {
+        db.locker.holder(key).await.unwrap().is_none() && lockers[1].renewing() == 0
+    })
+    .await;
+}

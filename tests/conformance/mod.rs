@@ -79,6 +79,7 @@ macro_rules! conformance_suite {
             fair_grants_follow_ticket_order,
             fair_skips_a_cancelled_waiter_at_once,
             fair_skips_a_dead_waiter_after_its_ticket_lease,
+            fair_winner_cancelled_while_its_ticket_goes_leaves_no_lock,
             extended_to_a_short_lease_stays_renewed,
             many_guards_stay_held_in_few_statements,
             deleting_some_rows_fires_lost_for_exactly_those,
