@@ -1,0 +1,100 @@
+//! The command line, as clap parses it. Range and format checks that clap can make here
+//! are made here (exit code 2 before anything connects); the rest of the input (keys,
+//! the table name) is checked by dblock itself.
+
+use std::time::Duration;
+
+use clap::builder::NonEmptyStringValueParser;
+use clap::{Args, Parser, Subcommand};
+
+/// Printed under `--help`: what scripts can rely on.
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (also: a list with no rows, a migrate with nothing to apply)
+  1  no row for the key (show, release), nothing to reap
+  2  usage error: bad option, URL scheme, key, table name or duration
+  3  database error: cannot connect, table not migrated, statement failed
+Every failure prints one line on stderr, starting with `dblock: `.";
+
+/// Operate a dblock lock table: list and inspect locks, clear a stuck one, reap expired
+/// rows, create the table. Times shown are the database clock's, never this machine's.
+#[derive(Parser, Debug)]
+#[command(name = "dblock", version, after_help = EXIT_CODES)]
+pub(crate) struct Cli {
+    /// The database: postgres://, postgresql://, mysql://, mariadb:// or sqlite:PATH.
+    ///
+    /// The environment's value is not shown by --help: URLs carry passwords.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub(crate) database_url: Option<String>,
+
+    /// The lock table.
+    #[arg(long, global = true, value_name = "T", default_value = dblock::DEFAULT_TABLE)]
+    pub(crate) table: String,
+
+    /// How long to keep trying to connect before giving up (exit code 3).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s",
+          value_parser = humantime::parse_duration)]
+    pub(crate) connect_timeout: Duration,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Create the lock table, or upgrade it; safe to run again (prints "up to date").
+    Migrate,
+    /// List lock rows in key order (bytes), expired ones too, with relative times.
+    List(ListArgs),
+    /// One key's row: owner, fencing token, times.
+    Show {
+        /// The exact key.
+        #[arg(value_parser = NonEmptyStringValueParser::new())]
+        key: String,
+        /// One JSON object instead of `field: value` lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a key's row whoever holds it (the holder is not asked); needs --force.
+    Release {
+        /// Required: the row is deleted even while its holder is alive and working.
+        #[arg(long)]
+        force: bool,
+        /// The exact key.
+        #[arg(value_parser = NonEmptyStringValueParser::new())]
+        key: String,
+    },
+    /// Delete every expired row (live leases are never touched); prints how many.
+    Reap,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ListArgs {
+    /// Only keys that start with P (compared as bytes).
+    #[arg(long, value_name = "P", default_value = "")]
+    pub(crate) prefix: String,
+
+    /// Only rows whose lease has run out.
+    #[arg(long)]
+    pub(crate) expired: bool,
+
+    /// Only rows acquired at least DURATION ago (1h30m, 90s, 2days): locks that may have
+    /// leaked. The same rows as dblock's `LockFilter::held_longer_than`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub(crate) held_longer_than: Option<Duration>,
+
+    /// At most N rows; a note on stderr says when more were left out.
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(dblock::MAX_LIST_LIMIT)))]
+    pub(crate) limit: u32,
+
+    /// One JSON object per row and line, instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
