@@ -332,6 +332,61 @@ async fn json_and_filters_match_the_library<DB: TestBackend>() {
     assert_same_row(&run.json_rows()[0], info);
 }
 
+/// `list --held-longer-than` is the reaper's leaked-lock check from a shell: once the
+/// reaper has deleted the expired rows, it shows exactly the rows the check reports.
+async fn held_longer_than_is_the_leak_check<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let _guards = four_rows(&db).await;
+    acquired_ago(&db, "other", 7_200).await;
+    // Before any reap the expired old row is listed too, marked expired.
+    let before = on(&db, &["list", "--json", "--held-longer-than", "1h"]).await;
+    assert_eq!(keys(&before.json_rows()), ["job:old", "other"]);
+    assert_eq!(before.json_rows()[0]["expired"], true);
+
+    let reaper = db
+        .locker
+        .spawn_reaper(dblock::ReaperConfig {
+            interval: Duration::from_millis(50),
+            leak_threshold: Some(Duration::from_secs(3_600)),
+            ..dblock::ReaperConfig::default()
+        })
+        .unwrap();
+    let mut reports = reaper.long_held();
+    let wait = reports.wait_for(|report| report.checks >= 1);
+    let report = tokio::time::timeout(Duration::from_secs(15), wait)
+        .await
+        .expect("a leak check within 15 s")
+        .unwrap()
+        .clone();
+    reaper.stop().await;
+    let reported: Vec<(String, String, i64)> = report
+        .rows
+        .iter()
+        .map(|row| (row.key.clone(), row.owner.clone(), row.fencing_token))
+        .collect();
+    let listed = on(&db, &["list", "--json", "--held-longer-than", "1h"]).await;
+    let listed: Vec<(String, String, i64)> = listed
+        .json_rows()
+        .iter()
+        .map(|row| {
+            let text = |field: &str| row[field].as_str().unwrap().to_owned();
+            (
+                text("key"),
+                text("owner"),
+                row["fencing_token"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, reported);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        listed[0].0, "other",
+        "the live old row; the expired one was reaped"
+    );
+}
+
 /// `--limit` cuts the list and says so on stderr; out of range is a usage error.
 async fn limit_is_reported<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
@@ -508,6 +563,7 @@ macro_rules! suite {
                 migrate_and_missing_table,
                 list_shows_an_aligned_table,
                 json_and_filters_match_the_library,
+                held_longer_than_is_the_leak_check,
                 limit_is_reported,
                 show_one_key,
                 release_needs_force,

@@ -85,7 +85,8 @@ pub(crate) struct ListArgs {
     pub(crate) expired: bool,
 
     /// Only rows acquired at least DURATION ago (1h30m, 90s, 2days): locks that may have
-    /// leaked. The same rows as dblock's `LockFilter::held_longer_than`.
+    /// leaked. The rows of dblock's `LockFilter::held_longer_than`, expired ones too
+    /// (marked so); the reaper's leak check reaps those first and reports the rest.
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub(crate) held_longer_than: Option<Duration>,
 
