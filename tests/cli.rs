@@ -546,6 +546,7 @@ async fn usage_errors<DB: TestBackend>() {
     assert!(reserved.failed(2).contains("invalid table name"));
     for args in [
         &["list", "--held-longer-than", "soon"][..],
+        &["list", "--held-longer-than", "300000years"],
         &["list", "--no-such-option"],
         &["frobnicate"],
         &["show"],

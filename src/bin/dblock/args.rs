@@ -87,7 +87,7 @@ pub(crate) struct ListArgs {
     /// Only rows acquired at least DURATION ago (1h30m, 90s, 2days): locks that may have
     /// leaked. The rows of dblock's `LockFilter::held_longer_than`, expired ones too
     /// (marked so); the reaper's leak check reaps those first and reports the rest.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = held_duration)]
     pub(crate) held_longer_than: Option<Duration>,
 
     /// At most N rows; a note on stderr says when more were left out.
@@ -98,4 +98,18 @@ pub(crate) struct ListArgs {
     /// One JSON object per row and line, instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// The longest `--held-longer-than`, 100 of humantime's years (365.25 days each): no lock
+/// is older. dblock does not bound the filter, and PostgreSQL answers one past its interval
+/// range (~290,000 years) with an error, which would be exit code 3 for what is a typo.
+const MAX_HELD: Duration = Duration::from_secs(100 * 31_557_600);
+
+/// A `--held-longer-than` value: a duration as people write it, up to [`MAX_HELD`].
+fn held_duration(text: &str) -> Result<Duration, String> {
+    let held = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    match held <= MAX_HELD {
+        true => Ok(held),
+        false => Err("at most 100 years".to_owned()),
+    }
 }
