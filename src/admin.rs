@@ -5,13 +5,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::config::{MAX_KEY_BYTES, validate_key};
+use crate::config::{MAX_KEY_BYTES, validate_key, validate_range};
 use crate::dialect::{Backend, Listed};
 use crate::error::{Error, Result};
 use crate::locker::Locker;
 
 /// Most rows one [`Locker::list`] call returns.
 pub const MAX_LIST_LIMIT: u32 = 10_000;
+
+/// The longest [`LockFilter::held_longer_than`]: a hundred years (longer ones overflow
+/// PostgreSQL's intervals).
+const MAX_HELD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// One row of the lock table, as [`Locker::list`] read it. Times are the database's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +110,9 @@ impl LockFilter {
         self
     }
 
-    /// Only rows acquired at least `held` ago: locks that may have leaked.
+    /// Only rows acquired at least `held` ago (at most a hundred years): locks that may
+    /// have leaked. Expired rows are listed too until they are reaped; add
+    /// [`expired_only`](Self::expired_only) or read [`LockInfo::expired`].
     pub fn held_longer_than(mut self, held: Duration) -> Self {
         self.held_longer_than = Some(held);
         self
@@ -122,6 +128,9 @@ impl LockFilter {
         if self.prefix.len() > MAX_KEY_BYTES || self.prefix.contains('\0') {
             // No key can have such a prefix; say why as for a key.
             validate_key(&self.prefix)?;
+        }
+        if let Some(held) = self.held_longer_than {
+            validate_range("held_longer_than", held, Duration::ZERO, MAX_HELD)?;
         }
         if !(1..=MAX_LIST_LIMIT).contains(&self.limit) {
             return Err(Error::InvalidConfig(format!(
@@ -141,7 +150,8 @@ impl<DB: Backend> Locker<DB> {
     /// as bytes whatever the database's collation, which filters the table instead.
     ///
     /// Errors: [`Error::InvalidKey`] for a prefix no key can have, [`Error::InvalidConfig`]
-    /// for a limit out of range (nothing is read).
+    /// for a limit out of range, [`Error::InvalidDuration`] for a held time over a hundred
+    /// years (nothing is read).
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.

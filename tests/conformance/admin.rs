@@ -123,6 +123,18 @@ pub async fn list_shows_every_row_in_key_order<DB: TestBackend>() {
     }
     let err = locker.list("a\0b", 10).await.unwrap_err();
     assert!(matches!(err, Error::InvalidKey { .. }), "{err}");
+    let forever = LockFilter::new().held_longer_than(Duration::MAX);
+    let err = locker.list_matching(&forever).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidDuration {
+                what: "held_longer_than",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 /// An operator deletes a lock another Locker holds: the holder's guard reports
