@@ -13,9 +13,9 @@ use crate::locker::Locker;
 /// Most rows one [`Locker::list`] call returns.
 pub const MAX_LIST_LIMIT: u32 = 10_000;
 
-/// The longest [`LockFilter::held_longer_than`]: a hundred years (longer ones overflow
-/// PostgreSQL's intervals).
-const MAX_HELD: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// The longest [`LockFilter::held_longer_than`]: a thousand years, older than any lock,
+/// and far inside every backend's timestamp range (PostgreSQL's ends near 290,000 years).
+pub const MAX_HELD_LONGER_THAN: Duration = Duration::from_secs(1000 * 366 * 24 * 3600);
 
 /// One row of the lock table, as [`Locker::list`] read it. Times are the database's.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,7 +110,7 @@ impl LockFilter {
         self
     }
 
-    /// Only rows acquired at least `held` ago (at most a hundred years): locks that may
+    /// Only rows acquired at least `held` ago (at most [`MAX_HELD_LONGER_THAN`]): locks that may
     /// have leaked. Expired rows are listed too until they are reaped; add
     /// [`expired_only`](Self::expired_only) or read [`LockInfo::expired`].
     pub fn held_longer_than(mut self, held: Duration) -> Self {
@@ -130,7 +130,12 @@ impl LockFilter {
             validate_key(&self.prefix)?;
         }
         if let Some(held) = self.held_longer_than {
-            validate_range("held_longer_than", held, Duration::ZERO, MAX_HELD)?;
+            validate_range(
+                "held_longer_than",
+                held,
+                Duration::ZERO,
+                MAX_HELD_LONGER_THAN,
+            )?;
         }
         if !(1..=MAX_LIST_LIMIT).contains(&self.limit) {
             return Err(Error::InvalidConfig(format!(
@@ -150,8 +155,8 @@ impl<DB: Backend> Locker<DB> {
     /// as bytes whatever the database's collation, which filters the table instead.
     ///
     /// Errors: [`Error::InvalidKey`] for a prefix no key can have, [`Error::InvalidConfig`]
-    /// for a limit out of range, [`Error::InvalidDuration`] for a held time over a hundred
-    /// years (nothing is read).
+    /// for a limit out of range, [`Error::InvalidDuration`] for a held time over
+    /// [`MAX_HELD_LONGER_THAN`] (nothing is read).
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
@@ -171,7 +176,7 @@ impl<DB: Backend> Locker<DB> {
             .list(
                 &filter.prefix,
                 filter.held_longer_than,
-                filter.expired_only,
+                filter.expired_only.then_some(true),
                 filter.limit,
             )
             .await
@@ -182,10 +187,13 @@ impl<DB: Backend> Locker<DB> {
     /// An operator's tool: deletes the row of `key` whoever holds it; `true` if there was
     /// one. Use it for a lock whose holder is stuck or gone; the holder is not asked.
     ///
-    /// What follows: the holder's guard reports [`lost`](crate::LockGuard::lost) with
-    /// [`LostReason::Deleted`](crate::LostReason::Deleted) at its Locker's next renewal
-    /// (within one renewal interval), and its work under
-    /// [`with_lock`](Self::with_lock) is cancelled; this Locker's waiters for the key
+    /// What follows: a renewed holder's guard reports [`lost`](crate::LockGuard::lost)
+    /// with [`LostReason::Deleted`](crate::LostReason::Deleted) at its Locker's next
+    /// renewal (within one renewal interval), and its work under
+    /// [`with_lock`](Self::with_lock) is cancelled. A guard that is not renewed
+    /// ([`Locker::auto_renew`]`(false)`, and every [`job`](Self::job)) is not told: it
+    /// learns at its release (`Error::NotHeld`), or its `lost()` fires `Expired` at its
+    /// deadline, and a job's work runs on until then. This Locker's waiters for the key
     /// try at once, and on PostgreSQL waiters elsewhere are woken as by a release. The
     /// next acquisition's fencing token is still greater than the deleted row's, so a
     /// resource that checks tokens refuses the old holder's late writes.

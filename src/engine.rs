@@ -670,6 +670,15 @@ impl<DB: Backend> Inner<DB> {
             self.queues.released(&lease.key);
         }
         let (deleted, _) = outcome?;
+        // The release may be the first to see that the lease is gone (a guard that was not
+        // renewed, a row deleted since the last renewal): a loss like any other, counted
+        // and reported once.
+        match deleted {
+            Some(true) => lease.mark_lost(LostReason::Expired),
+            None if Instant::now() < lease.deadline() => lease.mark_lost(LostReason::Deleted),
+            None => lease.mark_lost(LostReason::TakenOver),
+            Some(false) => {}
+        }
         if deleted.is_some() {
             Counters::bump(&self.counters.released);
         }

@@ -75,7 +75,11 @@ impl<DB: Backend> Job<'_, DB> {
     /// skipped; not an error), otherwise what `work` returned. One attempt, no waiting.
     /// Whether `work` succeeds or fails, the lock is released afterwards, honouring
     /// `lock_at_least_for`; a release that finds the lease already over reports
-    /// [`Error::LockLost`] after successful work, as [`Locker::with_lock`] does.
+    /// [`Error::LockLost`] after successful work, as [`Locker::with_lock`] does, and a
+    /// release that fails with a database error reports it (the work did run; the
+    /// release goes on in the background, still honouring the minimum). The lease is
+    /// never renewed, so a [`force_release`](Locker::force_release) does not stop the
+    /// work: it runs on until `lock_at_most_for`.
     ///
     /// Errors: [`Error::InvalidKey`], [`Error::InvalidDuration`] (for a lease out of range,
     /// or `lock_at_least_for` above `lock_at_most_for`; nothing is written), or the

@@ -33,7 +33,7 @@ mod metrics;
 mod retry;
 mod stats;
 
-pub use admin::{LockFilter, LockInfo, MAX_LIST_LIMIT};
+pub use admin::{LockFilter, LockInfo, MAX_HELD_LONGER_THAN, MAX_LIST_LIMIT};
 pub use config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RENEW_INTERVAL,
     DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, MAX_KEY_BYTES, MAX_LEASE,

@@ -73,6 +73,7 @@ impl<DB: Backend> std::fmt::Debug for Locker<DB> {
 
 /// Who holds a key right now, as [`Locker::holder`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holder {
     /// The owner value (`lock_value`) in the row.
     pub owner: String,
@@ -441,7 +442,8 @@ impl<DB: Backend> Locker<DB> {
 
     /// [`with_lock`](Self::with_lock) with a single attempt: `Ok(None)` when another owner
     /// holds `key` (not an error: someone else is doing the work), otherwise what `work`
-    /// returned. The lease is renewed while `work` runs, as with `with_lock`. For work
+    /// returned. The lease is renewed while `work` runs if the Locker renews, as with
+    /// `with_lock`. For work
     /// that must run once per period across nodes, see [`job`](Self::job).
     ///
     /// # Cancel safety

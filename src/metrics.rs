@@ -321,7 +321,7 @@ fn describe() {
         );
         describe_gauge!(
             LONG_HELD,
-            "Leases of this process held longer than the leak check's threshold"
+            "Live rows of the lock table, whoever holds them, acquired longer ago than the leak check's threshold at its last check"
         );
     });
 }

@@ -49,8 +49,9 @@ pub struct ReaperConfig {
     /// live rows acquired longer ago than this (database clock), whoever holds them
     /// (other processes and plain-SQL clients too), logs a `WARN` event per key with
     /// owner and held time, and sets the gauge `distributed_lock_long_held`; see
-    /// [`ReaperHandle::long_held`]. At most [`LEAK_CHECK_LIMIT`] rows per check. `None`
-    /// (the default): no check. Between 1 ms and a year.
+    /// [`ReaperHandle::long_held`]. At most [`LEAK_CHECK_LIMIT`] rows per check; the
+    /// gauge goes back to 0 when the reaper stops. `None` (the default): no check.
+    /// Between 1 ms and a year.
     pub leak_threshold: Option<Duration>,
 }
 
@@ -157,7 +158,11 @@ impl ReaperHandle {
                     }
                 }
                 if let Some(threshold) = config.leak_threshold {
-                    match check_leaks(&table, threshold).await {
+                    let check = tokio::select! {
+                        _ = stopping.cancelled() => break,
+                        check = check_leaks(&table, threshold) => check,
+                    };
+                    match check {
                         Ok(rows) => report.send_modify(|r| {
                             r.checks += 1;
                             r.rows = rows;
@@ -168,9 +173,13 @@ impl ReaperHandle {
                     }
                 }
                 tokio::select! {
-                    _ = stopping.cancelled() => return,
+                    _ = stopping.cancelled() => break,
                     _ = tokio::time::sleep(config.interval) => {}
                 }
+            }
+            // No check runs any more: the gauge would show a stale count.
+            if config.leak_threshold.is_some() {
+                crate::metrics::long_held(table.name(), 0);
             }
         });
         ReaperHandle {
@@ -212,12 +221,13 @@ async fn check_leaks<DB: Backend>(
     table: &LockTable<DB>,
     threshold: Duration,
 ) -> Result<Vec<LongHeld>, sqlx::Error> {
+    // Live rows only, in the statement: expired ones (a failed reap, or expired since)
+    // must not take places within the limit.
     let listed = table
-        .list("", Some(threshold), false, LEAK_CHECK_LIMIT)
+        .list("", Some(threshold), Some(false), LEAK_CHECK_LIMIT)
         .await?;
     let rows: Vec<LongHeld> = listed
         .into_iter()
-        .filter(|listed| !listed.row.expired)
         .map(|listed| LongHeld {
             held_for: (listed.read_at - listed.row.acquired_at)
                 .to_std()

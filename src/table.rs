@@ -165,13 +165,13 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// Rows whose key starts with `prefix`, in key order (bytes), at most `limit`, of
-    /// those acquired at least `held` ago and, with `expired_only`, expired (all by the
-    /// database clock).
+    /// those acquired at least `held` ago and, with `expired`, expired (`Some(true)`) or
+    /// live (`Some(false)`), all by the database clock.
     pub(crate) async fn list(
         &self,
         prefix: &str,
         held: Option<Duration>,
-        expired_only: bool,
+        expired: Option<bool>,
         limit: u32,
     ) -> Result<Vec<Listed>, sqlx::Error> {
         let until = prefix_end(prefix);
@@ -179,7 +179,7 @@ impl<DB: Backend> LockTable<DB> {
             from: prefix,
             until: until.as_deref(),
             held_micros: held.map(micros),
-            expired_only,
+            expired,
             limit: i64::from(limit),
         };
         self.run(|mut conn| async move { DB::list(&mut conn, &self.sql, query).await })

@@ -239,6 +239,60 @@ pub async fn expired_lease_is_counted<DB: TestBackend>() {
     drop(guard);
 }
 
+/// A loss that only the release finds (a guard that is not renewed: its row deleted by
+/// hand, or its lease run out) is counted like one the engine finds, once.
+pub async fn a_loss_found_by_the_release_is_counted<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let deleted = db
+        .locker
+        .try_acquire("deleted", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(db.plain.delete("deleted").await, 1);
+    assert!(matches!(
+        deleted.release().await,
+        Err(Error::NotHeld { .. })
+    ));
+    let short = Duration::from_millis(300);
+    let expired = db
+        .locker
+        .try_acquire("expired", short)
+        .await
+        .unwrap()
+        .unwrap();
+    wait_until(
+        "the lease ran out by the database clock",
+        PATIENCE,
+        async || {
+            db.locker
+                .holder("expired")
+                .await
+                .unwrap()
+                .is_some_and(|h| h.expired)
+        },
+    )
+    .await;
+    let released = expired.release().await;
+    assert!(
+        matches!(
+            released,
+            Err(Error::LockLost {
+                reason: LostReason::Expired,
+                ..
+            })
+        ),
+        "{released:?}"
+    );
+    let m = metrics(&db);
+    assert_eq!(m.counter(FAILURE_COUNT, &[("reason", "lost_deleted")]), 1);
+    assert_eq!(m.counter(FAILURE_COUNT, &[("reason", "lost_expired")]), 1);
+    assert_eq!(m.gauge(HELD, &[]), 0.0);
+    assert_eq!(m.histogram(HOLD_TIME, &[]).len(), 2, "one hold time each");
+}
+
 /// The waiters gauge follows the queue: up for each waiter, down when one is cancelled,
 /// and when one wins.
 pub async fn waiters_are_counted_until_they_leave<DB: TestBackend>() {
@@ -395,6 +449,7 @@ macro_rules! cases {
             errors_are_counted,
             deleted_lease_is_counted_once,
             expired_lease_is_counted,
+            a_loss_found_by_the_release_is_counted,
             waiters_are_counted_until_they_leave,
             nested_guards_count_one_lease,
             dropped_guard_ends_its_hold,

@@ -201,8 +201,9 @@ pub struct ListQuery<'a> {
     pub until: Option<&'a str>,
     /// Only rows acquired at least this many microseconds ago (database clock).
     pub held_micros: Option<i64>,
-    /// Only rows whose lease has run out (database clock).
-    pub expired_only: bool,
+    /// `Some(true)`: only rows whose lease has run out (database clock); `Some(false)`:
+    /// only live ones; `None`: both.
+    pub expired: Option<bool>,
     /// Most rows returned.
     pub limit: i64,
 }

@@ -129,7 +129,7 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
   FROM (SELECT NOW(6) AS db_now) AS c JOIN {table} AS t
  WHERE t.lock_key >= ? AND (? IS NULL OR t.lock_key < ?)
    AND (? IS NULL OR t.acquired_at <= c.db_now - INTERVAL ? MICROSECOND)
-   AND (? = 0 OR t.expire_time <= c.db_now)
+   AND (? IS NULL OR (t.expire_time <= c.db_now) = ?)
  ORDER BY t.lock_key
  LIMIT ?";
 
@@ -394,7 +394,8 @@ impl LockSql for MySql {
             .bind(query.until.map(str::as_bytes))
             .bind(query.held_micros)
             .bind(query.held_micros)
-            .bind(query.expired_only)
+            .bind(query.expired)
+            .bind(query.expired)
             .bind(query.limit)
             .fetch_all(conn)
             .await?;

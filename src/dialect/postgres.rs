@@ -129,7 +129,7 @@ SELECT t.lock_key::text, t.lock_value::text, t.fencing_token, t.acquired_at, t.e
  WHERE t.lock_key COLLATE \"C\" >= $1
    AND ($2::text IS NULL OR t.lock_key COLLATE \"C\" < $2)
    AND ($3::bigint IS NULL OR t.acquired_at <= c.db_now - $3 * INTERVAL '1 microsecond')
-   AND (NOT $4 OR t.expire_time <= c.db_now)
+   AND ($4::boolean IS NULL OR (t.expire_time <= c.db_now) = $4)
  ORDER BY t.lock_key COLLATE \"C\"
  LIMIT $5";
 
@@ -299,7 +299,7 @@ impl LockSql for Postgres {
             .bind(query.from)
             .bind(query.until)
             .bind(query.held_micros)
-            .bind(query.expired_only)
+            .bind(query.expired)
             .bind(query.limit)
             .fetch_all(conn)
             .await?;

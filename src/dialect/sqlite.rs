@@ -92,7 +92,7 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
   FROM (SELECT {now} AS db_now) AS c, {table} AS t
  WHERE t.lock_key >= ?1 AND (?2 IS NULL OR t.lock_key < ?2)
    AND (?3 IS NULL OR t.acquired_at <= strftime('%Y-%m-%d %H:%M:%f', c.db_now, ?3))
-   AND (NOT ?4 OR t.expire_time <= c.db_now)
+   AND (?4 IS NULL OR (t.expire_time <= c.db_now) = ?4)
  ORDER BY t.lock_key
  LIMIT ?5";
 
@@ -332,7 +332,7 @@ impl LockSql for Sqlite {
             .bind(query.from)
             .bind(query.until)
             .bind(back)
-            .bind(query.expired_only)
+            .bind(query.expired)
             .bind(query.limit)
             .fetch_all(conn)
             .await?;

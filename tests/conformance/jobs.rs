@@ -47,7 +47,8 @@ pub async fn job_keeps_the_key_for_its_minimum<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    const AT_LEAST: Duration = Duration::from_secs(1);
+    // Long enough that the checks below fit inside it on a loaded machine.
+    const AT_LEAST: Duration = Duration::from_secs(3);
     let locker = &db.locker;
     let ran = AtomicU32::new(0);
     let work = async |_: &dblock::LockGuard<DB>| {
@@ -137,7 +138,10 @@ pub async fn job_is_bounded_by_its_maximum<DB: TestBackend>() {
         locker
             .job("stuck-job")
             .lock_at_most_for(Duration::from_millis(300))
-            .run(async |_| std::future::pending::<Result<(), Error>>().await),
+            .run(async |_| {
+                assert_eq!(locker.renewing(), 0, "a job's lease is not renewed");
+                std::future::pending::<Result<(), Error>>().await
+            }),
     )
     .await
     .expect("the work is cancelled when the lease ends");
@@ -152,8 +156,8 @@ pub async fn job_is_bounded_by_its_maximum<DB: TestBackend>() {
         "{outcome:?}"
     );
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(locker.renewing(), 0);
 
+    let attempts = locker.stats().attempts;
     let too_long = locker
         .job("bad")
         .lock_at_most_for(Duration::from_secs(1))
@@ -176,9 +180,9 @@ pub async fn job_is_bounded_by_its_maximum<DB: TestBackend>() {
         "{no_key:?}"
     );
     assert_eq!(
-        locker.holder("bad").await.unwrap(),
-        None,
-        "nothing was written"
+        locker.stats().attempts,
+        attempts,
+        "refused before any attempt"
     );
 }
 

@@ -100,16 +100,15 @@ pub(crate) struct ListArgs {
     pub(crate) json: bool,
 }
 
-/// The longest `--held-longer-than`, 100 of humantime's years (365.25 days each): no lock
-/// is older. dblock does not bound the filter, and PostgreSQL answers one past its interval
-/// range (~290,000 years) with an error, which would be exit code 3 for what is a typo.
-const MAX_HELD: Duration = Duration::from_secs(100 * 31_557_600);
+/// The longest `--held-longer-than`: the library's own bound, checked here too so that a
+/// typo is a usage error said in the CLI's words.
+const MAX_HELD: Duration = dblock::MAX_HELD_LONGER_THAN;
 
 /// A `--held-longer-than` value: a duration as people write it, up to [`MAX_HELD`].
 fn held_duration(text: &str) -> Result<Duration, String> {
     let held = humantime::parse_duration(text).map_err(|err| err.to_string())?;
     match held <= MAX_HELD {
         true => Ok(held),
-        false => Err("at most 100 years".to_owned()),
+        false => Err("at most 1000 years".to_owned()),
     }
 }
