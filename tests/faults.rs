@@ -42,6 +42,8 @@ macro_rules! ensure {
 mod abuse;
 #[path = "faults/db.rs"]
 mod db;
+#[path = "faults/failover.rs"]
+mod failover;
 #[path = "faults/holder.rs"]
 mod holder;
 #[path = "faults/kill.rs"]
@@ -54,6 +56,8 @@ mod pause;
 mod pool;
 #[path = "common/proxy.rs"]
 mod proxy;
+#[path = "faults/replica.rs"]
+mod replica;
 #[path = "faults/report.rs"]
 mod report;
 #[path = "faults/restart.rs"]
@@ -173,6 +177,7 @@ const SCENARIOS: &[&str] = &[
     skew::NAME,
     pool::NAME,
     abuse::NAME,
+    failover::NAME,
 ];
 
 async fn run_all(report: &Report, filter: &[String]) {
@@ -264,6 +269,7 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     skew::run_all(ctx, report, selection).await;
     scenario(ctx, report, selection, pool::NAME, pool::run).await;
     scenario(ctx, report, selection, abuse::NAME, abuse::run).await;
+    failover::run_all(ctx, report, selection).await;
 }
 
 /// Runs one scenario under the time limit, catching panics, and records its row.

@@ -1,0 +1,424 @@
+//! Scenario 8: the primary fails over to a standby while a lock is held (a replicated
+//! PostgreSQL from replica.rs; clients reach "the primary" through a proxy that plays the
+//! virtual IP).
+//!
+//! - 8a, synchronous standby, failover shorter than the lease: the row is on the new
+//!   primary with the same owner and token, a rival is refused, renewal resumes without
+//!   `lost()`, and the next token is greater than every token drawn before.
+//! - 8b, synchronous, the virtual IP moves later than the lease: `lost(Unreachable)` by
+//!   the lease's end, and a rival on the new primary wins only once the lease has run
+//!   out by its clock.
+//! - 8c, asynchronous standby that missed the acquisition (its WAL stream held in the
+//!   proxy): the new primary has no row, a rival acquires, the holder learns within a
+//!   renewal interval, and `assert_held` refuses its write. Fencing tokens go backwards:
+//!   the new primary continues the sequence from the last value the standby saw logged.
+//! - 8d, synchronous, primary -> standby -> rebuilt standby -> back: tokens never go
+//!   backwards.
+
+use std::time::Duration;
+
+use dblock::{Error, Locker, LostReason, Postgres};
+use sqlx::PgPool;
+use tokio::time::{Instant, timeout};
+
+use crate::db::FaultDb;
+use crate::holder::wall_micros;
+use crate::proxy::Direction;
+use crate::replica::{self, Mode, Pair};
+use crate::report::{Report, before_or_after, ms, secs};
+use crate::{Ctx, NotApplicable, Res, Selection, Skipped, renewed, required, scenario, take_over};
+
+/// The group, for rows that stand for all its cases.
+pub const NAME: &str = "8 primary failover";
+
+const NAMES: [&str; 4] = [
+    "8a failover to a synchronous standby",
+    "8b failover longer than the lease (synchronous)",
+    "8c failover to an asynchronous standby that missed the lock",
+    "8d repeated failovers (synchronous)",
+];
+
+/// Short, so that 8b's failover outlasts it quickly; renewed every second.
+const LEASE: Duration = Duration::from_secs(3);
+/// The renewal interval the lockers use for [`LEASE`] (`lease / 3`).
+const RENEW_INTERVAL: Duration = Duration::from_secs(1);
+/// How long after the lease's end (database clock) `lost()` may fire.
+const LOST_SLACK: Duration = Duration::from_millis(150);
+/// Tokens drawn before a failover: more than the 32 values PostgreSQL logs a sequence
+/// ahead by, so the last of them needed a sequence WAL record of its own.
+const DRAWS: usize = 40;
+/// A key only [`draw`] uses.
+const DRAW_KEY: &str = "fault:failover:draw";
+
+pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Selection<'_>) {
+    if DB::LABEL != <Postgres as FaultDb>::LABEL {
+        scenario(ctx, report, selection, NAME, async |_: &mut Ctx<DB>| {
+            Err(NotApplicable("PostgreSQL streaming replication only").into())
+        })
+        .await;
+        return;
+    }
+    scenario(ctx, report, selection, NAMES[0], async |_: &mut Ctx<DB>| {
+        ready()?;
+        sync_failover().await
+    })
+    .await;
+    scenario(ctx, report, selection, NAMES[1], async |_: &mut Ctx<DB>| {
+        ready()?;
+        longer_than_lease().await
+    })
+    .await;
+    scenario(ctx, report, selection, NAMES[2], async |_: &mut Ctx<DB>| {
+        ready()?;
+        async_lost_acquisition().await
+    })
+    .await;
+    scenario(ctx, report, selection, NAMES[3], async |_: &mut Ctx<DB>| {
+        ready()?;
+        repeated().await
+    })
+    .await;
+}
+
+/// Fails (in CI) or skips when the replication tools are missing.
+fn ready() -> Res<()> {
+    if replica::installed() {
+        return Ok(());
+    }
+    let reason = "pg_basebackup / pg_ctl are not installed".to_owned();
+    if required("postgres") {
+        return Err(reason.into());
+    }
+    Err(Skipped(reason).into())
+}
+
+/// Takes and releases [`DRAW_KEY`] `n` times; returns the highest token drawn.
+async fn draw(locker: &Locker<Postgres>, n: usize) -> Res<i64> {
+    let mut highest = 0;
+    for _ in 0..n {
+        let guard = locker
+            .try_acquire(DRAW_KEY, LEASE)
+            .await?
+            .ok_or("draw key held")?;
+        highest = highest.max(guard.fencing_token());
+        guard.release().await?;
+    }
+    Ok(highest)
+}
+
+/// A locker straight to the current primary (not through the virtual IP).
+async fn direct(pair: &Pair) -> Res<Locker<Postgres>> {
+    Ok(Locker::new(pair.primary_pool().await?))
+}
+
+/// The guard's row is on `at`, with its owner and token, and live.
+async fn same_row(at: &Locker<Postgres>, guard: &dblock::LockGuard<Postgres>) -> Res<()> {
+    let row = at
+        .holder(guard.key())
+        .await?
+        .ok_or_else(|| format!("{:?}: no row on the new primary", guard.key()))?;
+    ensure!(
+        row.owner == guard.owner() && row.fencing_token == guard.fencing_token() && !row.expired,
+        "{:?} on the new primary: {row:?}, expected owner {} token {}",
+        guard.key(),
+        guard.owner(),
+        guard.fencing_token()
+    );
+    Ok(())
+}
+
+async fn sync_failover() -> Res<String> {
+    let key = "fault:failover:sync";
+    let mut pair = Pair::start(Mode::Sync).await?;
+    let locker = pair.locker().await?;
+    let rival = pair.locker().await?;
+    let drawn = draw(&locker, DRAWS).await?;
+    let guard = locker.try_acquire(key, LEASE).await?.ok_or("key held")?;
+    // Right after a renewal, so that almost the whole lease is left at the kill.
+    renewed(&guard, LEASE).await?;
+    let granted = guard.expires_at().timestamp_micros();
+    let took = pair.fail_over().await?;
+    renewed(&guard, LEASE).await?;
+    let margin = granted - wall_micros();
+    ensure!(
+        guard.lost_reason().is_none(),
+        "lost ({:?}) across a {} failover (lease {})",
+        guard.lost_reason(),
+        secs(took),
+        secs(LEASE)
+    );
+    same_row(&direct(&pair).await?, &guard).await?;
+    ensure!(
+        rival.try_acquire(key, LEASE).await?.is_none(),
+        "a rival got the lock on the new primary"
+    );
+    let token = guard.fencing_token();
+    guard.release().await?;
+    let next = rival
+        .try_acquire(key, LEASE)
+        .await?
+        .ok_or("released key held")?;
+    let next_token = next.fencing_token();
+    next.release().await?;
+    ensure!(
+        next_token > token.max(drawn),
+        "the next token {next_token} is not above {} (before the failover)",
+        token.max(drawn)
+    );
+    Ok(format!(
+        "failover {} (kill, promote, VIP moved), lease {}: renewed on the new primary with \
+         {} of the granted lease left; same owner and token {token}, rival refused; next \
+         token {next_token}",
+        secs(took),
+        secs(LEASE),
+        ms(margin)
+    ))
+}
+
+async fn longer_than_lease() -> Res<String> {
+    let key = "fault:failover:long";
+    let mut pair = Pair::start(Mode::Sync).await?;
+    let locker = pair.locker().await?;
+    let guard = locker.try_acquire(key, LEASE).await?.ok_or("key held")?;
+    renewed(&guard, LEASE).await?;
+    // The standby is promoted at once, but the virtual IP does not move: the holder
+    // reaches no primary, a client with the new address does.
+    let started = Instant::now();
+    pair.vip.cut();
+    pair.kill_primary().await?;
+    pair.promote().await?;
+    let promoted = started.elapsed();
+    let rival = direct(&pair).await?;
+    same_row(&rival, &guard).await?;
+    let expiry = guard.expires_at().timestamp_micros();
+    let rival_from = wall_micros();
+    let rival_wins = tokio::spawn({
+        let rival = rival.clone();
+        async move { take_over(&rival, key, LEASE, Instant::now() + LEASE * 3).await }
+    });
+
+    let reason = timeout(LEASE + RENEW_INTERVAL, guard.lost())
+        .await
+        .map_err(|_| "lost() did not fire by the lease's end")?;
+    let lost_wall = wall_micros();
+    ensure!(
+        reason == LostReason::Unreachable,
+        "lost() fired with {reason:?}, expected Unreachable"
+    );
+    let lost_margin = expiry - lost_wall;
+    ensure!(
+        lost_margin >= -(LOST_SLACK.as_micros() as i64),
+        "lost() fired {} after the lease ended (database clock)",
+        ms(-lost_margin)
+    );
+    let (next, _, taken_wall) = rival_wins.await??;
+    // The new primary's clock is this machine's (2 ms for rounding).
+    ensure!(
+        taken_wall >= expiry - 2_000,
+        "the rival took the key {} before the lease ran out",
+        ms(expiry - taken_wall)
+    );
+    ensure!(
+        rival_from < expiry,
+        "the rival started trying only after the expiry: nothing was refused"
+    );
+    ensure!(
+        next.fencing_token() > guard.fencing_token(),
+        "token {} after {}",
+        next.fencing_token(),
+        guard.fencing_token()
+    );
+    pair.move_vip();
+    pair.vip.restore();
+    let lost_token = guard.fencing_token();
+    let released = guard.release().await;
+    ensure!(
+        matches!(released, Err(Error::NotHeld { .. })),
+        "releasing the lost guard returned {released:?}, expected NotHeld"
+    );
+    let token = next.fencing_token();
+    next.release().await?;
+    Ok(format!(
+        "promoted in {}, VIP held back: lost(Unreachable) {} the DB expiry; the rival, \
+         refused from {} before it, won {} after it; token {} -> {token}",
+        secs(promoted),
+        before_or_after(lost_margin),
+        ms(expiry - rival_from).trim_start_matches('+'),
+        ms(taken_wall - expiry),
+        lost_token
+    ))
+}
+
+/// The sequence's state as a server sees it: the last value written to its WAL.
+async fn logged_token(pool: &PgPool) -> Res<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT last_value FROM distributed_lock_fencing_seq")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+async fn async_lost_acquisition() -> Res<String> {
+    // One key a rival takes on the new primary before the holder gets there, one nobody.
+    let (taken_key, free_key) = ("fault:failover:async-taken", "fault:failover:async-free");
+    let mut pair = Pair::start(Mode::Async).await?;
+    let locker = pair.locker().await?;
+    <Postgres as FaultDb>::reset_resource(locker.pool()).await?;
+    let before = draw(&locker, 3).await?;
+    pair.caught_up().await?;
+    let standby = pair.standby_pool().await?;
+    let ahead_before = logged_token(&standby).await? - before;
+
+    // The WAL stream stops reaching the standby; the primary goes on alone.
+    pair.link.hold(Direction::Down, true);
+    let drawn = draw(&locker, DRAWS).await?;
+    let taken = locker
+        .try_acquire(taken_key, LEASE)
+        .await?
+        .ok_or("key held")?;
+    let free = locker
+        .try_acquire(free_key, LEASE)
+        .await?
+        .ok_or("key held")?;
+    renewed(&taken, LEASE).await?;
+    let highest = drawn.max(taken.fencing_token()).max(free.fencing_token());
+    let watcher = Locker::new(standby.clone());
+    for key in [taken_key, free_key] {
+        ensure!(
+            watcher.holder(key).await?.is_none(),
+            "the standby has the row of {key:?}: the hold missed"
+        );
+    }
+    let standby_logged = logged_token(&standby).await?;
+    standby.close().await;
+
+    // The held WAL goes with the connection; then the primary dies and the standby takes
+    // over (the virtual IP not moved yet).
+    pair.link.cut();
+    pair.kill_primary().await?;
+    pair.promote().await?;
+    let rival = direct(&pair).await?;
+    for key in [taken_key, free_key] {
+        ensure!(
+            rival.holder(key).await?.is_none(),
+            "the new primary has a row for {key:?}"
+        );
+    }
+    let next = rival
+        .try_acquire(taken_key, LEASE)
+        .await?
+        .ok_or("the rival was refused on the new primary")?;
+    ensure!(
+        next.fencing_token() == standby_logged + 1,
+        "the new primary's first token is {}, expected {} (the standby's logged value + 1)",
+        next.fencing_token(),
+        standby_logged + 1
+    );
+    ensure!(
+        next.fencing_token() <= taken.fencing_token(),
+        "the new token {} is above the lost {}: tokens did not go back",
+        next.fencing_token(),
+        taken.fencing_token()
+    );
+
+    // The holder's next renewal meets the new primary's rows: the rival's (with a lower
+    // token: TakenOver, as for any other owner's row) and none (Deleted).
+    pair.move_vip();
+    let moved = Instant::now();
+    let bound = RENEW_INTERVAL + Duration::from_millis(700);
+    let taken_reason = timeout(bound, taken.lost())
+        .await
+        .map_err(|_| format!("the holder did not learn within {}", secs(bound)))?;
+    let free_reason = timeout(bound, free.lost())
+        .await
+        .map_err(|_| format!("the holder did not learn within {}", secs(bound)))?;
+    let learned = moved.elapsed();
+    ensure!(
+        taken_reason == LostReason::TakenOver && free_reason == LostReason::Deleted,
+        "lost({taken_reason:?}) for the key the rival took (expected TakenOver), \
+         lost({free_reason:?}) for the free one (expected Deleted)"
+    );
+
+    // The stale holder's write on the new primary: assert_held refuses it; a resource
+    // that only compares tokens accepts it, since its token is higher than the rival's.
+    let mut tx = locker.pool().begin().await?;
+    let fenced = taken.assert_held(&mut tx).await;
+    drop(tx);
+    ensure!(
+        matches!(fenced, Err(Error::NotHeld { .. })),
+        "assert_held on the new primary returned {fenced:?}, expected NotHeld"
+    );
+    let pool = locker.pool();
+    let rival_write = <Postgres as FaultDb>::fenced_write(pool, "rival", next.fencing_token());
+    let stale_write = <Postgres as FaultDb>::fenced_write(pool, "stale", taken.fencing_token());
+    ensure!(
+        rival_write.await? && stale_write.await?,
+        "a token-compare write was refused: tokens did not go back after all?"
+    );
+    let (first, back) = (
+        next.fencing_token(),
+        taken.fencing_token() - next.fencing_token(),
+    );
+    next.release().await?;
+    Ok(format!(
+        "before the hold the standby's sequence was logged {ahead_before} past the last \
+         token; held, the primary drew up to {highest} ({} past the standby's {standby_logged}); \
+         the new primary's first token {first}, {back} below the lost lock's; holder \
+         lost(TakenOver) and lost(Deleted) {} after the VIP moved; assert_held refused, \
+         a token-compare write accepted",
+        highest - standby_logged,
+        secs(learned)
+    ))
+}
+
+async fn repeated() -> Res<String> {
+    let key = "fault:failover:repeated";
+    let mut pair = Pair::start(Mode::Sync).await?;
+    let locker = pair.locker().await?;
+    let rival = pair.locker().await?;
+    let mut figures = Vec::new();
+    let mut highest = 0;
+    for round in 0..2 {
+        if round > 0 {
+            pair.rebuild().await?;
+        }
+        let from = pair.primary_name();
+        highest = highest.max(draw(&locker, DRAWS).await?);
+        let guard = locker.try_acquire(key, LEASE).await?.ok_or("key held")?;
+        highest = highest.max(guard.fencing_token());
+        renewed(&guard, LEASE).await?;
+        let took = pair.fail_over().await?;
+        renewed(&guard, LEASE).await?;
+        ensure!(
+            guard.lost_reason().is_none(),
+            "lost ({:?}) across failover {}",
+            guard.lost_reason(),
+            round + 1
+        );
+        same_row(&direct(&pair).await?, &guard).await?;
+        ensure!(
+            rival.try_acquire(key, LEASE).await?.is_none(),
+            "a rival got the lock after failover {}",
+            round + 1
+        );
+        guard.release().await?;
+        let next = rival
+            .try_acquire(key, LEASE)
+            .await?
+            .ok_or("released key held")?;
+        let token = next.fencing_token();
+        next.release().await?;
+        ensure!(
+            token > highest,
+            "after failover {} the token is {token}, not above {highest}",
+            round + 1
+        );
+        figures.push(format!(
+            "{from} -> {} in {}: tokens up to {highest}, then {token}",
+            pair.primary_name(),
+            secs(took)
+        ));
+        highest = token;
+    }
+    Ok(figures.join("; "))
+}
