@@ -2,9 +2,10 @@
 //! PostgreSQL from replica.rs; clients reach "the primary" through a proxy that plays the
 //! virtual IP).
 //!
-//! - 8a, synchronous standby, failover shorter than the lease: the row is on the new
-//!   primary with the same owner and token, a rival is refused, renewal resumes without
-//!   `lost()`, and the next token is greater than every token drawn before.
+//! - 8a, synchronous standby, failover shorter than the lease: an acquisition is answered
+//!   only once the standby has it; after the failover the row is on the new primary with
+//!   the same owner and token, a rival is refused, renewal resumes without `lost()`, and
+//!   the next token is greater than every token drawn before.
 //! - 8b, synchronous, the virtual IP moves later than the lease: `lost(Unreachable)` by
 //!   the lease's end, and a rival on the new primary wins only once the lease has run
 //!   out by its clock.
@@ -19,7 +20,7 @@ use std::time::Duration;
 
 use dblock::{Error, Locker, LostReason, Postgres};
 use sqlx::PgPool;
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 use crate::db::FaultDb;
 use crate::holder::wall_micros;
@@ -47,6 +48,10 @@ const LOST_SLACK: Duration = Duration::from_millis(150);
 /// Tokens drawn before a failover: more than the 32 values PostgreSQL logs a sequence
 /// ahead by, so the last of them needed a sequence WAL record of its own.
 const DRAWS: usize = 40;
+/// How long 8a watches an acquisition go unanswered while the standby receives nothing.
+const UNANSWERED: Duration = Duration::from_millis(500);
+/// How long any one step may take before it counts as hung.
+const STEP: Duration = Duration::from_secs(10);
 /// A key only [`draw`] uses.
 const DRAW_KEY: &str = "fault:failover:draw";
 
@@ -133,7 +138,23 @@ async fn sync_failover() -> Res<String> {
     let locker = pair.locker().await?;
     let rival = pair.locker().await?;
     let drawn = draw(&locker, DRAWS).await?;
-    let guard = locker.try_acquire(key, LEASE).await?.ok_or("key held")?;
+    // Synchronous: while the standby receives nothing, the acquisition is not answered
+    // (its commit waits for the standby's flush); it is once the stream flows again.
+    pair.link.hold(Direction::Down, true);
+    let pending = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.try_acquire(key, LEASE).await }
+    });
+    sleep(UNANSWERED).await;
+    ensure!(
+        !pending.is_finished(),
+        "the acquisition was answered while the synchronous standby received nothing"
+    );
+    pair.link.hold(Direction::Down, false);
+    let guard = timeout(STEP, pending)
+        .await
+        .map_err(|_| "the acquisition was not answered once the stream flowed")???
+        .ok_or("key held")?;
     // Right after a renewal, so that almost the whole lease is left at the kill.
     renewed(&guard, LEASE).await?;
     let granted = guard.expires_at().timestamp_micros();
@@ -166,7 +187,8 @@ async fn sync_failover() -> Res<String> {
         token.max(drawn)
     );
     Ok(format!(
-        "failover {} (kill, promote, VIP moved), lease {}: renewed on the new primary with \
+        "acquisition unanswered while the standby received nothing; failover {} (kill, \
+         promote, VIP moved), lease {}: renewed on the new primary with \
          {} of the granted lease left; same owner and token {token}, rival refused; next \
          token {next_token}",
         secs(took),
