@@ -52,6 +52,8 @@ const DRAWS: usize = 40;
 const UNANSWERED: Duration = Duration::from_millis(500);
 /// How long any one step may take before it counts as hung.
 const STEP: Duration = Duration::from_secs(10);
+/// How far 8c moves the sequence after the failover (the README's remedy).
+const SEQUENCE_JUMP: i64 = 1_000_000;
 /// A key only [`draw`] uses.
 const DRAW_KEY: &str = "fault:failover:draw";
 
@@ -382,12 +384,32 @@ async fn async_lost_acquisition() -> Res<String> {
         taken.fencing_token() - next.fencing_token(),
     );
     next.release().await?;
+
+    // The remedy the README gives: after promoting an asynchronous standby, move the
+    // sequence past anything the old primary can have drawn.
+    sqlx::query(
+        "SELECT setval('distributed_lock_fencing_seq', last_value + $1) \
+           FROM distributed_lock_fencing_seq",
+    )
+    .bind(SEQUENCE_JUMP)
+    .execute(rival.pool())
+    .await?;
+    let after = rival
+        .try_acquire(free_key, LEASE)
+        .await?
+        .ok_or("free key held")?;
+    let jumped = after.fencing_token();
+    after.release().await?;
+    ensure!(
+        jumped > highest,
+        "after setval the token is {jumped}, not above the old primary's {highest}"
+    );
     Ok(format!(
         "before the hold the standby's sequence was logged {ahead_before} past the last \
          token; held, the primary drew up to {highest} ({} past the standby's {standby_logged}); \
          the new primary's first token {first}, {back} below the lost lock's; holder \
          lost(TakenOver) and lost(Deleted) {} after the VIP moved; assert_held refused, \
-         a token-compare write accepted",
+         a token-compare write accepted; after setval(+{SEQUENCE_JUMP}) token {jumped}",
         highest - standby_logged,
         secs(learned)
     ))
