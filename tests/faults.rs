@@ -40,6 +40,8 @@ macro_rules! ensure {
 // The crate root is a file, so its modules are found in tests/; they live in tests/faults/.
 #[path = "faults/abuse.rs"]
 mod abuse;
+#[path = "faults/async_failover.rs"]
+mod async_failover;
 #[path = "faults/db.rs"]
 mod db;
 #[path = "faults/failover.rs"]
@@ -62,6 +64,8 @@ mod replica;
 mod report;
 #[path = "faults/restart.rs"]
 mod restart;
+#[path = "faults/semisync.rs"]
+mod semisync;
 #[path = "faults/server.rs"]
 mod server;
 #[path = "faults/skew.rs"]

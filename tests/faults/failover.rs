@@ -1,6 +1,6 @@
 //! Scenario 8: the primary fails over to a standby while a lock is held (a replicated
-//! PostgreSQL from replica.rs; clients reach "the primary" through a proxy that plays the
-//! virtual IP).
+//! PostgreSQL from replica.rs, a semi-synchronous MariaDB from semisync.rs; clients reach
+//! "the primary" through a proxy that plays the virtual IP).
 //!
 //! - 8a, synchronous standby, failover shorter than the lease: an acquisition is answered
 //!   only once the standby has it; after the failover the row is on the new primary with
@@ -12,14 +12,16 @@
 //! - 8c, asynchronous standby that missed the acquisition (its WAL stream held in the
 //!   proxy): the new primary has no row, a rival acquires, the holder learns within a
 //!   renewal interval, and `assert_held` refuses its write. Fencing tokens go backwards:
-//!   the new primary continues the sequence from the last value the standby saw logged.
+//!   the new primary continues the sequence from the last value the standby saw logged
+//!   (async_failover.rs).
 //! - 8d, synchronous, primary -> standby -> rebuilt standby -> back: tokens never go
 //!   backwards.
+//! - 8e, MariaDB with a semi-synchronous replica: as 8a, and the fallback to asynchronous
+//!   replication when the replica does not acknowledge in time (semisync.rs).
 
 use std::time::Duration;
 
-use dblock::{Error, Locker, LostReason, Postgres};
-use sqlx::PgPool;
+use dblock::{Error, LockGuard, Locker, LostReason, MySql, Postgres};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::db::FaultDb;
@@ -28,39 +30,46 @@ use crate::proxy::Direction;
 use crate::replica::{self, Mode, Pair};
 use crate::report::{Report, before_or_after, ms, secs};
 use crate::{Ctx, NotApplicable, Res, Selection, Skipped, renewed, required, scenario, take_over};
+use crate::{async_failover, semisync};
 
 /// The group, for rows that stand for all its cases.
 pub const NAME: &str = "8 primary failover";
 
-const NAMES: [&str; 4] = [
+const NAMES: [&str; 5] = [
     "8a failover to a synchronous standby",
     "8b failover longer than the lease (synchronous)",
     "8c failover to an asynchronous standby that missed the lock",
     "8d repeated failovers (synchronous)",
+    "8e failover to a semi-synchronous MariaDB replica",
 ];
 
 /// Short, so that 8b's failover outlasts it quickly; renewed every second.
-const LEASE: Duration = Duration::from_secs(3);
+pub const LEASE: Duration = Duration::from_secs(3);
 /// The renewal interval the lockers use for [`LEASE`] (`lease / 3`).
-const RENEW_INTERVAL: Duration = Duration::from_secs(1);
+pub const RENEW_INTERVAL: Duration = Duration::from_secs(1);
 /// How long after the lease's end (database clock) `lost()` may fire.
 const LOST_SLACK: Duration = Duration::from_millis(150);
 /// Tokens drawn before a failover: more than the 32 values PostgreSQL logs a sequence
 /// ahead by, so the last of them needed a sequence WAL record of its own.
-const DRAWS: usize = 40;
+pub const DRAWS: usize = 40;
 /// How long 8a watches an acquisition go unanswered while the standby receives nothing.
-const UNANSWERED: Duration = Duration::from_millis(500);
+pub const UNANSWERED: Duration = Duration::from_millis(500);
 /// How long any one step may take before it counts as hung.
-const STEP: Duration = Duration::from_secs(10);
-/// How far 8c moves the sequence after the failover (the README's remedy).
-const SEQUENCE_JUMP: i64 = 1_000_000;
+pub const STEP: Duration = Duration::from_secs(10);
 /// A key only [`draw`] uses.
 const DRAW_KEY: &str = "fault:failover:draw";
 
 pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Selection<'_>) {
+    if DB::LABEL == <MySql as FaultDb>::LABEL {
+        scenario(ctx, report, selection, NAMES[4], async |_: &mut Ctx<DB>| {
+            semisync::run().await
+        })
+        .await;
+        return;
+    }
     if DB::LABEL != <Postgres as FaultDb>::LABEL {
         scenario(ctx, report, selection, NAME, async |_: &mut Ctx<DB>| {
-            Err(NotApplicable("PostgreSQL streaming replication only").into())
+            Err(NotApplicable("embedded: no replicas").into())
         })
         .await;
         return;
@@ -77,7 +86,7 @@ pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection:
     .await;
     scenario(ctx, report, selection, NAMES[2], async |_: &mut Ctx<DB>| {
         ready()?;
-        async_lost_acquisition().await
+        async_failover::run().await
     })
     .await;
     scenario(ctx, report, selection, NAMES[3], async |_: &mut Ctx<DB>| {
@@ -100,7 +109,7 @@ fn ready() -> Res<()> {
 }
 
 /// Takes and releases [`DRAW_KEY`] `n` times; returns the highest token drawn.
-async fn draw(locker: &Locker<Postgres>, n: usize) -> Res<i64> {
+pub async fn draw<DB: FaultDb>(locker: &Locker<DB>, n: usize) -> Res<i64> {
     let mut highest = 0;
     for _ in 0..n {
         let guard = locker
@@ -114,12 +123,12 @@ async fn draw(locker: &Locker<Postgres>, n: usize) -> Res<i64> {
 }
 
 /// A locker straight to the current primary (not through the virtual IP).
-async fn direct(pair: &Pair) -> Res<Locker<Postgres>> {
+pub async fn direct(pair: &Pair) -> Res<Locker<Postgres>> {
     Ok(Locker::new(pair.primary_pool().await?))
 }
 
 /// The guard's row is on `at`, with its owner and token, and live.
-async fn same_row(at: &Locker<Postgres>, guard: &dblock::LockGuard<Postgres>) -> Res<()> {
+pub async fn same_row<DB: FaultDb>(at: &Locker<DB>, guard: &LockGuard<DB>) -> Res<()> {
     let row = at
         .holder(guard.key())
         .await?
@@ -270,148 +279,6 @@ async fn longer_than_lease() -> Res<String> {
         ms(expiry - rival_from).trim_start_matches('+'),
         ms(taken_wall - expiry),
         lost_token
-    ))
-}
-
-/// The sequence's state as a server sees it: the last value written to its WAL.
-async fn logged_token(pool: &PgPool) -> Res<i64> {
-    Ok(
-        sqlx::query_scalar("SELECT last_value FROM distributed_lock_fencing_seq")
-            .fetch_one(pool)
-            .await?,
-    )
-}
-
-async fn async_lost_acquisition() -> Res<String> {
-    // One key a rival takes on the new primary before the holder gets there, one nobody.
-    let (taken_key, free_key) = ("fault:failover:async-taken", "fault:failover:async-free");
-    let mut pair = Pair::start(Mode::Async).await?;
-    let locker = pair.locker().await?;
-    <Postgres as FaultDb>::reset_resource(locker.pool()).await?;
-    let before = draw(&locker, 3).await?;
-    pair.caught_up().await?;
-    let standby = pair.standby_pool().await?;
-    let ahead_before = logged_token(&standby).await? - before;
-
-    // The WAL stream stops reaching the standby; the primary goes on alone.
-    pair.link.hold(Direction::Down, true);
-    let drawn = draw(&locker, DRAWS).await?;
-    let taken = locker
-        .try_acquire(taken_key, LEASE)
-        .await?
-        .ok_or("key held")?;
-    let free = locker
-        .try_acquire(free_key, LEASE)
-        .await?
-        .ok_or("key held")?;
-    renewed(&taken, LEASE).await?;
-    let highest = drawn.max(taken.fencing_token()).max(free.fencing_token());
-    let watcher = Locker::new(standby.clone());
-    for key in [taken_key, free_key] {
-        ensure!(
-            watcher.holder(key).await?.is_none(),
-            "the standby has the row of {key:?}: the hold missed"
-        );
-    }
-    let standby_logged = logged_token(&standby).await?;
-    standby.close().await;
-
-    // The held WAL goes with the connection; then the primary dies and the standby takes
-    // over (the virtual IP not moved yet).
-    pair.link.cut();
-    pair.kill_primary().await?;
-    pair.promote().await?;
-    let rival = direct(&pair).await?;
-    for key in [taken_key, free_key] {
-        ensure!(
-            rival.holder(key).await?.is_none(),
-            "the new primary has a row for {key:?}"
-        );
-    }
-    let next = rival
-        .try_acquire(taken_key, LEASE)
-        .await?
-        .ok_or("the rival was refused on the new primary")?;
-    ensure!(
-        next.fencing_token() == standby_logged + 1,
-        "the new primary's first token is {}, expected {} (the standby's logged value + 1)",
-        next.fencing_token(),
-        standby_logged + 1
-    );
-    ensure!(
-        next.fencing_token() <= taken.fencing_token(),
-        "the new token {} is above the lost {}: tokens did not go back",
-        next.fencing_token(),
-        taken.fencing_token()
-    );
-
-    // The holder's next renewal meets the new primary's rows: the rival's (with a lower
-    // token: TakenOver, as for any other owner's row) and none (Deleted).
-    pair.move_vip();
-    let moved = Instant::now();
-    let bound = RENEW_INTERVAL + Duration::from_millis(700);
-    let taken_reason = timeout(bound, taken.lost())
-        .await
-        .map_err(|_| format!("the holder did not learn within {}", secs(bound)))?;
-    let free_reason = timeout(bound, free.lost())
-        .await
-        .map_err(|_| format!("the holder did not learn within {}", secs(bound)))?;
-    let learned = moved.elapsed();
-    ensure!(
-        taken_reason == LostReason::TakenOver && free_reason == LostReason::Deleted,
-        "lost({taken_reason:?}) for the key the rival took (expected TakenOver), \
-         lost({free_reason:?}) for the free one (expected Deleted)"
-    );
-
-    // The stale holder's write on the new primary: assert_held refuses it; a resource
-    // that only compares tokens accepts it, since its token is higher than the rival's.
-    let mut tx = locker.pool().begin().await?;
-    let fenced = taken.assert_held(&mut tx).await;
-    drop(tx);
-    ensure!(
-        matches!(fenced, Err(Error::NotHeld { .. })),
-        "assert_held on the new primary returned {fenced:?}, expected NotHeld"
-    );
-    let pool = locker.pool();
-    let rival_write = <Postgres as FaultDb>::fenced_write(pool, "rival", next.fencing_token());
-    let stale_write = <Postgres as FaultDb>::fenced_write(pool, "stale", taken.fencing_token());
-    ensure!(
-        rival_write.await? && stale_write.await?,
-        "a token-compare write was refused: tokens did not go back after all?"
-    );
-    let (first, back) = (
-        next.fencing_token(),
-        taken.fencing_token() - next.fencing_token(),
-    );
-    next.release().await?;
-
-    // The remedy the README gives: after promoting an asynchronous standby, move the
-    // sequence past anything the old primary can have drawn.
-    sqlx::query(
-        "SELECT setval('distributed_lock_fencing_seq', last_value + $1) \
-           FROM distributed_lock_fencing_seq",
-    )
-    .bind(SEQUENCE_JUMP)
-    .execute(rival.pool())
-    .await?;
-    let after = rival
-        .try_acquire(free_key, LEASE)
-        .await?
-        .ok_or("free key held")?;
-    let jumped = after.fencing_token();
-    after.release().await?;
-    ensure!(
-        jumped > highest,
-        "after setval the token is {jumped}, not above the old primary's {highest}"
-    );
-    Ok(format!(
-        "before the hold the standby's sequence was logged {ahead_before} past the last \
-         token; held, the primary drew up to {highest} ({} past the standby's {standby_logged}); \
-         the new primary's first token {first}, {back} below the lost lock's; holder \
-         lost(TakenOver) and lost(Deleted) {} after the VIP moved; assert_held refused, \
-         a token-compare write accepted; after setval(+{SEQUENCE_JUMP}) token {jumped}",
-        highest - standby_logged,
-        secs(learned)
     ))
 }
 
