@@ -40,8 +40,12 @@ macro_rules! ensure {
 // The crate root is a file, so its modules are found in tests/; they live in tests/faults/.
 #[path = "faults/abuse.rs"]
 mod abuse;
+#[path = "faults/async_failover.rs"]
+mod async_failover;
 #[path = "faults/db.rs"]
 mod db;
+#[path = "faults/failover.rs"]
+mod failover;
 #[path = "faults/holder.rs"]
 mod holder;
 #[path = "faults/kill.rs"]
@@ -54,10 +58,14 @@ mod pause;
 mod pool;
 #[path = "common/proxy.rs"]
 mod proxy;
+#[path = "faults/replica.rs"]
+mod replica;
 #[path = "faults/report.rs"]
 mod report;
 #[path = "faults/restart.rs"]
 mod restart;
+#[path = "faults/semisync.rs"]
+mod semisync;
 #[path = "faults/server.rs"]
 mod server;
 #[path = "faults/skew.rs"]
@@ -173,6 +181,7 @@ const SCENARIOS: &[&str] = &[
     skew::NAME,
     pool::NAME,
     abuse::NAME,
+    failover::NAME,
 ];
 
 async fn run_all(report: &Report, filter: &[String]) {
@@ -264,6 +273,7 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     skew::run_all(ctx, report, selection).await;
     scenario(ctx, report, selection, pool::NAME, pool::run).await;
     scenario(ctx, report, selection, abuse::NAME, abuse::run).await;
+    failover::run_all(ctx, report, selection).await;
 }
 
 /// Runs one scenario under the time limit, catching panics, and records its row.

@@ -12,12 +12,15 @@
 //! - [`hold`](Proxy::hold): bytes in one direction are kept in the proxy until released
 //!   or cut, so a test can cut a connection while a statement, or its answer, is in flight.
 //!
+//! [`retarget`](Proxy::retarget) points it at another server, as a virtual IP or a DNS
+//! name moves to a new primary on failover.
+//!
 //! Not every test binary uses every fault.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -56,6 +59,8 @@ impl Faults {
 /// Forwards connections to `upstream` until told otherwise.
 pub struct Proxy {
     addr: SocketAddr,
+    /// Where new connections go.
+    upstream: Arc<Mutex<SocketAddr>>,
     cut: Arc<AtomicBool>,
     /// Bumped on every cut so that open connections close.
     generation: watch::Sender<u64>,
@@ -73,6 +78,8 @@ impl Proxy {
         let (generation, _) = watch::channel(0u64);
         let (faults, _) = watch::channel(Faults::default());
         let in_flight = Arc::new(AtomicUsize::new(0));
+        let upstream = Arc::new(Mutex::new(upstream));
+        let accept_upstream = Arc::clone(&upstream);
         let accept_cut = Arc::clone(&cut);
         let accept_generation = generation.clone();
         let accept_faults = faults.clone();
@@ -86,6 +93,7 @@ impl Proxy {
                 let mut cuts = accept_generation.subscribe();
                 let faults = accept_faults.clone();
                 let in_flight = Arc::clone(&accept_in_flight);
+                let upstream = *accept_upstream.lock().unwrap_or_else(|e| e.into_inner());
                 tokio::spawn(async move {
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
@@ -116,6 +124,7 @@ impl Proxy {
         });
         Proxy {
             addr,
+            upstream,
             cut,
             generation,
             faults,
@@ -132,6 +141,13 @@ impl Proxy {
     /// Bytes held or delayed in the proxy are lost with their connection.
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Sends new connections to `upstream` from now on and closes the open ones (a moved
+    /// virtual IP breaks the flows to the old address). A cut stays in force.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = upstream;
         self.generation.send_modify(|g| *g += 1);
     }
 

@@ -2,7 +2,7 @@
 //! binaries on a free loopback port in a temporary directory, so they can be stopped,
 //! crashed and restarted without touching the shared services on 5432 / 3306.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,7 +14,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::Res;
 
-const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 const MARIADBD: &str = "/usr/sbin/mariadbd";
 const MARIADB_INSTALL_DB: &str = "/usr/bin/mariadb-install-db";
 
@@ -45,6 +45,8 @@ pub struct Server {
     port: u16,
     child: Option<Child>,
     url: String,
+    /// The caller's settings, after the suite's own.
+    settings: Vec<String>,
 }
 
 impl Server {
@@ -58,6 +60,65 @@ impl Server {
 
     /// Creates a data directory, starts the server and waits until it takes connections.
     pub async fn start(kind: Kind) -> Res<Server> {
+        Server::start_with(kind, Vec::new()).await
+    }
+
+    /// [`start`](Self::start) with settings of the caller's after the suite's own (so
+    /// they win): PostgreSQL `name=value` (given as `-c`), MariaDB `--option`s.
+    pub async fn start_with(kind: Kind, settings: Vec<String>) -> Res<Server> {
+        let mut server = Server::create(kind, settings)?;
+        server.init().await?;
+        server.launch().await?;
+        if kind == Kind::MariaDb {
+            // Created once, over TCP as the root account mariadb-install-db made.
+            let admin = format!("mysql://root@127.0.0.1:{}", server.port);
+            let pool = sqlx::MySqlPool::connect(&admin).await?;
+            sqlx::query("CREATE DATABASE IF NOT EXISTS test")
+                .execute(&pool)
+                .await?;
+            pool.close().await;
+        }
+        Ok(server)
+    }
+
+    /// A PostgreSQL streaming standby of the primary that replication connections reach
+    /// at `source`: a base backup taken there (`pg_basebackup -R`, which writes
+    /// `primary_conninfo` with `application_name = name` and `standby.signal`), then
+    /// started with `settings`. Returns once it takes (read-only) connections.
+    pub async fn standby(source: SocketAddr, name: &str, settings: Vec<String>) -> Res<Server> {
+        let mut server = Server::create(Kind::Postgres, settings)?;
+        let log = std::fs::File::create(server.dir.join("init.log"))?;
+        let mut cmd = Command::new(Path::new(PG_BIN).join("pg_basebackup"));
+        cmd.args([
+            "-h",
+            &source.ip().to_string(),
+            "-p",
+            &source.port().to_string(),
+        ])
+        .args(["-U", "postgres", "-d", &format!("application_name={name}")])
+        .arg("-D")
+        .arg(server.data())
+        // A fast checkpoint: a spread one would wait for most of checkpoint_timeout.
+        .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]);
+        server.as_postgres_user(&mut cmd)?;
+        server.run_tool(cmd, log, "pg_basebackup").await?;
+        server.launch().await?;
+        Ok(server)
+    }
+
+    /// Promotes a PostgreSQL standby (`pg_ctl promote -w`): returns once it is a primary.
+    pub async fn promote(&self) -> Res<()> {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.join("init.log"))?;
+        let mut cmd = Command::new(Path::new(PG_BIN).join("pg_ctl"));
+        cmd.args(["promote", "-w", "-t", "60", "-D"])
+            .arg(self.data());
+        self.as_postgres_user(&mut cmd)?;
+        self.run_tool(cmd, log, "pg_ctl promote").await
+    }
+
+    fn create(kind: Kind, settings: Vec<String>) -> Res<Server> {
         let name = match kind {
             Kind::Postgres => "pg",
             Kind::MariaDb => "mariadb",
@@ -73,25 +134,19 @@ impl Server {
             Kind::Postgres => format!("postgres://postgres@127.0.0.1:{port}/postgres"),
             Kind::MariaDb => format!("mysql://root@127.0.0.1:{port}/test"),
         };
-        let mut server = Server {
+        Ok(Server {
             kind,
             dir,
             port,
             child: None,
             url,
-        };
-        server.init().await?;
-        server.launch().await?;
-        if kind == Kind::MariaDb {
-            // Created once, over TCP as the root account mariadb-install-db made.
-            let admin = format!("mysql://root@127.0.0.1:{port}");
-            let pool = sqlx::MySqlPool::connect(&admin).await?;
-            sqlx::query("CREATE DATABASE IF NOT EXISTS test")
-                .execute(&pool)
-                .await?;
-            pool.close().await;
-        }
-        Ok(server)
+            settings,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     /// A URL for sqlx; the database exists.
@@ -140,7 +195,7 @@ impl Server {
 
     async fn init(&self) -> Res<()> {
         let log = std::fs::File::create(self.dir.join("init.log"))?;
-        let mut cmd = match self.kind {
+        let cmd = match self.kind {
             Kind::Postgres => {
                 let mut cmd = Command::new(Path::new(PG_BIN).join("initdb"));
                 cmd.arg("-D")
@@ -161,13 +216,18 @@ impl Server {
                 cmd
             }
         };
+        self.run_tool(cmd, log, "initialising").await
+    }
+
+    /// Runs a set-up tool with its output in `log`; fails with where to read it.
+    async fn run_tool(&self, mut cmd: Command, log: std::fs::File, what: &str) -> Res<()> {
         cmd.stdout(log.try_clone()?)
             .stderr(log)
             .stdin(Stdio::null());
         let status = cmd.status().await?;
         if !status.success() {
             return Err(format!(
-                "initialising {:?} failed ({status}); see {}",
+                "{what} {:?} failed ({status}); see {}",
                 self.kind,
                 self.dir.join("init.log").display()
             )
@@ -195,6 +255,9 @@ impl Server {
                     "shared_buffers=16MB".to_owned(),
                     "max_connections=200".to_owned(),
                 ] {
+                    cmd.arg("-c").arg(setting);
+                }
+                for setting in &self.settings {
                     cmd.arg("-c").arg(setting);
                 }
                 self.as_postgres_user(&mut cmd)?;
@@ -226,7 +289,8 @@ impl Server {
                         // Linux AIO contexts are a machine-wide limit shared with others.
                         "--innodb-use-native-aio=0",
                         "--max-connections=300",
-                    ]);
+                    ])
+                    .args(&self.settings);
                 if is_root() {
                     cmd.arg("--user=root");
                 }
