@@ -22,7 +22,8 @@ use sqlx::{Database, Transaction};
 
 /// The parts of a dialect that are the same code for every database, spelled out for
 /// each concrete sqlx type (sqlx's executor bounds do not lend themselves to generics).
-/// The SQL stays in the dialect: `sql.reap` and the module's own `CHECK_FENCE`.
+/// The SQL stays in the dialect: `sql.reap`, `sql.force_release` and the module's own
+/// `CHECK_FENCE`.
 macro_rules! scripts_and_history {
     () => {
         fn reap_batch(
@@ -32,6 +33,16 @@ macro_rules! scripts_and_history {
         ) -> impl std::future::Future<Output = Result<u64, sqlx::Error>> + Send {
             let reap = sqlx::query(super::audited(&sql.reap)).bind(batch);
             async move { Ok(reap.execute(conn).await?.rows_affected()) }
+        }
+
+        fn force_release(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+            key: &str,
+        ) -> impl std::future::Future<Output = Result<bool, sqlx::Error>> + Send {
+            // PostgreSQL's RETURNING (its notification) is evaluated all the same.
+            let delete = sqlx::query(super::audited(&sql.force_release)).bind(key.to_owned());
+            async move { Ok(delete.execute(conn).await?.rows_affected() > 0) }
         }
 
         fn run_script<'a>(

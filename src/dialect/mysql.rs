@@ -420,18 +420,6 @@ impl LockSql for MySql {
             .collect())
     }
 
-    async fn force_release(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.force_release))
-            .bind(key)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
-
     async fn keep_min_hold(
         conn: &mut MySqlConnection,
         sql: &Statements,

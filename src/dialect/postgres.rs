@@ -306,18 +306,6 @@ impl LockSql for Postgres {
         Ok(rows.into_iter().map(Listed::from).collect())
     }
 
-    async fn force_release(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let row: Option<(i64, Option<bool>)> = sqlx::query_as(audited(&sql.force_release))
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.is_some())
-    }
-
     async fn keep_min_hold(
         conn: &mut PgConnection,
         sql: &Statements,

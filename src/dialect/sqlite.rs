@@ -339,18 +339,6 @@ impl LockSql for Sqlite {
         Ok(rows.into_iter().map(Listed::from).collect())
     }
 
-    async fn force_release(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.force_release))
-            .bind(key)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() > 0)
-    }
-
     async fn keep_min_hold(
         conn: &mut SqliteConnection,
         sql: &Statements,

@@ -47,19 +47,7 @@ const MIN_HOLD: Duration = Duration::from_millis(2000);
 /// `lock_at_least_for` after its acquisition by the database clock: an unskewed node
 /// skips right after it, and runs once that time is over (not an hour early or late).
 async fn skewed_job<DB: FaultDb>(ctx: &mut Ctx<DB>, offset: &'static str) -> Res<String> {
-    if !ctx.networked() {
-        return Err(NotApplicable(
-            "embedded: the database clock is each client's own clock, so a skewed client skews it",
-        )
-        .into());
-    }
-    if libfaketime().is_none() {
-        let reason = "libfaketime is not installed (apt-get install faketime)".to_owned();
-        if required("faketime") {
-            return Err(reason.into());
-        }
-        return Err(Skipped(reason).into());
-    }
+    can_skew(ctx)?;
     let key = format!("fault:job{offset}");
     let mut spec = Spec::new(&ctx.url, &key, Duration::from_secs(30));
     spec.skew = Some(offset);
@@ -131,19 +119,7 @@ async fn skewed_job<DB: FaultDb>(ctx: &mut Ctx<DB>, offset: &'static str) -> Res
 }
 
 async fn skewed<DB: FaultDb>(ctx: &mut Ctx<DB>, offset: &'static str, seconds: i64) -> Res<String> {
-    if !ctx.networked() {
-        return Err(NotApplicable(
-            "embedded: the database clock is each client's own clock, so a skewed client skews it",
-        )
-        .into());
-    }
-    if libfaketime().is_none() {
-        let reason = "libfaketime is not installed (apt-get install faketime)".to_owned();
-        if required("faketime") {
-            return Err(reason.into());
-        }
-        return Err(Skipped(reason).into());
-    }
+    can_skew(ctx)?;
     let key = format!("fault:skew{offset}");
 
     // As the holder: it keeps the lock against an unskewed rival while it renews, and
@@ -216,4 +192,23 @@ async fn skewed<DB: FaultDb>(ctx: &mut Ctx<DB>, offset: &'static str, seconds: i
         ms(after_expiry),
         secs(started.elapsed())
     ))
+}
+
+/// Whether a skewed client can be run against this backend: a server of its own (an
+/// embedded database shares the client's clock) and libfaketime.
+fn can_skew<DB: FaultDb>(ctx: &Ctx<DB>) -> Res<()> {
+    if !ctx.networked() {
+        return Err(NotApplicable(
+            "embedded: the database clock is each client's own clock, so a skewed client skews it",
+        )
+        .into());
+    }
+    if libfaketime().is_none() {
+        let reason = "libfaketime is not installed (apt-get install faketime)".to_owned();
+        if required("faketime") {
+            return Err(reason.into());
+        }
+        return Err(Skipped(reason).into());
+    }
+    Ok(())
 }
