@@ -44,33 +44,35 @@ struct SemiSync {
 
 impl SemiSync {
     async fn start() -> Res<SemiSync> {
-        let (primary, replica) = tokio::try_join!(
-            Server::start_with(
-                Kind::MariaDb,
-                vec![
-                    "--log-bin=mysql-bin".to_owned(),
-                    "--server-id=1".to_owned(),
-                    "--binlog-format=ROW".to_owned(),
-                    "--rpl-semi-sync-master-enabled=ON".to_owned(),
-                    // Lossless: the commit becomes visible only after the replica has it.
-                    "--rpl-semi-sync-master-wait-point=AFTER_SYNC".to_owned(),
-                    // Short until the replica is attached: the database is created before
-                    // any replica is there, and the primary waits for one regardless
-                    // (`rpl_semi_sync_master_wait_no_slave`).
-                    format!(
-                        "--rpl-semi-sync-master-timeout={}",
-                        SETUP_ACK_TIMEOUT.as_millis()
-                    ),
-                ],
-            ),
-            Server::start_with(
-                Kind::MariaDb,
-                vec![
-                    "--server-id=2".to_owned(),
-                    "--rpl-semi-sync-slave-enabled=ON".to_owned(),
-                ],
-            )
-        )?;
+        // One after the other: two mariadb-install-db runs at once failed once in CI
+        // (exit status 1 within half a second).
+        let primary = Server::start_with(
+            Kind::MariaDb,
+            vec![
+                "--log-bin=mysql-bin".to_owned(),
+                "--server-id=1".to_owned(),
+                "--binlog-format=ROW".to_owned(),
+                "--rpl-semi-sync-master-enabled=ON".to_owned(),
+                // Lossless: the commit becomes visible only after the replica has it.
+                "--rpl-semi-sync-master-wait-point=AFTER_SYNC".to_owned(),
+                // Short until the replica is attached: the database is created before
+                // any replica is there, and the primary waits for one regardless
+                // (`rpl_semi_sync_master_wait_no_slave`).
+                format!(
+                    "--rpl-semi-sync-master-timeout={}",
+                    SETUP_ACK_TIMEOUT.as_millis()
+                ),
+            ],
+        )
+        .await?;
+        let replica = Server::start_with(
+            Kind::MariaDb,
+            vec![
+                "--server-id=2".to_owned(),
+                "--rpl-semi-sync-slave-enabled=ON".to_owned(),
+            ],
+        )
+        .await?;
         let vip = Proxy::start(primary.addr()).await;
         let link = Proxy::start(primary.addr()).await;
         // Both servers were made by mariadb-install-db alike, so the replica can start
