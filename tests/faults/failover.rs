@@ -26,7 +26,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::db::FaultDb;
 use crate::holder::wall_micros;
-use crate::proxy::Direction;
+use crate::proxy::{Direction, Proxy};
 use crate::replica::{self, Mode, Pair};
 use crate::report::{Report, before_or_after, ms, secs};
 use crate::{Ctx, NotApplicable, Res, Selection, Skipped, renewed, required, scenario, take_over};
@@ -143,6 +143,33 @@ pub async fn same_row<DB: FaultDb>(at: &Locker<DB>, guard: &LockGuard<DB>) -> Re
     Ok(())
 }
 
+/// Acquires `key` while `link` (the replication stream) is held: the acquisition must
+/// stay unanswered for [`UNANSWERED`] (its commit waits for the `replica`), and be
+/// answered, won, once the stream flows again.
+pub async fn answered_once_replicated<DB: FaultDb>(
+    link: &Proxy,
+    locker: &Locker<DB>,
+    key: &'static str,
+    replica: &str,
+) -> Res<LockGuard<DB>> {
+    link.hold(Direction::Down, true);
+    let pending = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.try_acquire(key, LEASE).await }
+    });
+    sleep(UNANSWERED).await;
+    ensure!(
+        !pending.is_finished(),
+        "the acquisition was answered while the {replica} received nothing"
+    );
+    link.hold(Direction::Down, false);
+    let guard = timeout(STEP, pending)
+        .await
+        .map_err(|_| "the acquisition was not answered once replication flowed")???
+        .ok_or("key held")?;
+    Ok(guard)
+}
+
 async fn sync_failover() -> Res<String> {
     let key = "fault:failover:sync";
     let mut pair = Pair::start(Mode::Sync).await?;
@@ -151,21 +178,7 @@ async fn sync_failover() -> Res<String> {
     let drawn = draw(&locker, DRAWS).await?;
     // Synchronous: while the standby receives nothing, the acquisition is not answered
     // (its commit waits for the standby's flush); it is once the stream flows again.
-    pair.link.hold(Direction::Down, true);
-    let pending = tokio::spawn({
-        let locker = locker.clone();
-        async move { locker.try_acquire(key, LEASE).await }
-    });
-    sleep(UNANSWERED).await;
-    ensure!(
-        !pending.is_finished(),
-        "the acquisition was answered while the synchronous standby received nothing"
-    );
-    pair.link.hold(Direction::Down, false);
-    let guard = timeout(STEP, pending)
-        .await
-        .map_err(|_| "the acquisition was not answered once the stream flowed")???
-        .ok_or("key held")?;
+    let guard = answered_once_replicated(&pair.link, &locker, key, "synchronous standby").await?;
     // Right after a renewal, so that almost the whole lease is left at the kill.
     renewed(&guard, LEASE).await?;
     let granted = guard.expires_at().timestamp_micros();

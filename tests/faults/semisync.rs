@@ -16,9 +16,9 @@ use std::time::Duration;
 use dblock::{Locker, MySql};
 use sqlx::pool::PoolOptions;
 use sqlx::{AssertSqlSafe, MySqlPool, Row};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, timeout};
 
-use crate::failover::{LEASE, STEP, UNANSWERED, same_row};
+use crate::failover::{LEASE, STEP, answered_once_replicated, same_row};
 use crate::holder::wall_micros;
 use crate::proxy::{Direction, Proxy, via_proxy};
 use crate::report::{ms, secs};
@@ -191,21 +191,8 @@ pub async fn run() -> Res<String> {
     let rival = pair.locker().await?;
 
     // Semi-sync in force: while the replica receives nothing, no answer.
-    pair.link.hold(Direction::Down, true);
-    let pending = tokio::spawn({
-        let locker = locker.clone();
-        async move { locker.try_acquire(key, LEASE).await }
-    });
-    sleep(UNANSWERED).await;
-    ensure!(
-        !pending.is_finished(),
-        "the acquisition was answered while the semi-synchronous replica received nothing"
-    );
-    pair.link.hold(Direction::Down, false);
-    let guard = timeout(STEP, pending)
-        .await
-        .map_err(|_| "the acquisition was not answered once the binlog flowed")???
-        .ok_or("key held")?;
+    let guard =
+        answered_once_replicated(&pair.link, &locker, key, "semi-synchronous replica").await?;
 
     let (waited, back) = fallback(&pair, &locker).await?;
 
