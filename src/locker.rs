@@ -519,7 +519,7 @@ impl<DB: Backend> Locker<DB> {
     /// Deletes every expired row once, in batches of [`DEFAULT_REAP_BATCH`]; returns how
     /// many went. Live leases are never deleted; several reapers at once are safe (on
     /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
-    /// nine times as long as the batch took, so other acquirers keep their pace.
+    /// 19 times as long as the batch took, so other acquirers keep their pace.
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or

@@ -29,9 +29,10 @@ How to read the p99 target: a cycle that overlaps a reaper batch waits for it, s
 stays under 2x idle only while fewer than 1% of the cycles overlap one (column \
 \"cycles slower than 2x idle p99\"). Pacing makes the reaper busy 1/(PACE+1) of the \
 time; it cannot shorten the stall of a batch. Development runs on PostgreSQL: PACE 3: \
-2.4-2.5% of cycles slowed, p99 4.5-5.1x idle, 100,000 rows in 8.3 s; PACE 9 (now): \
-1.3% slowed, p99 2.9-3.2x, 20 s. MariaDB met the target with PACE 3 already (1.4-1.5x, \
-0.2-0.3% slowed). A smaller batch does not help on PostgreSQL: a background reaper \
+2.4-2.5% of cycles slowed, p99 4.5-5.1x idle, 100,000 rows in 8.3 s; PACE 9: 0.6-1.3% \
+slowed, p99 1.5-3.2x (missed in 2 of 3 runs), 16-22 s; PACE 19 (now): 0.2-0.5% \
+slowed, p99 0.95-1.5x, 36-39 s (MariaDB: 0.4-0.5% slowed, 1.0-1.2x, 15-18 s). A \
+smaller batch does not help on PostgreSQL: a background reaper \
 with batches of 100 (PACE 3) took 114 s for the 100,000 rows (877 rows/s; 28 ms a \
 batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: a \
 batch's stall does not shrink with its rows, so ten times as many batches stall the \
