@@ -153,6 +153,11 @@ impl<DB: Backend> Engine<DB> {
         &self.inner.table
     }
 
+    /// The lock table's name, shared (the metrics' `table` label).
+    pub(crate) fn table_name(&self) -> &Arc<str> {
+        &self.inner.table_name
+    }
+
     pub(crate) fn counters(&self) -> &Counters {
         &self.inner.counters
     }

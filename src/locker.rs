@@ -375,8 +375,9 @@ impl<DB: Backend> Locker<DB> {
         validate_key(key)?;
         validate_lease(lease)?;
         let (owner, mut gate) = (self.new_owner(), None);
-        let attempt = self.attempt(key, &owner, lease, None, &mut gate);
-        let lease = metrics::try_acquire(self.table(), key, attempt).await?;
+        // Boxed, as in `acquire`: each wrapper below would otherwise hold a copy of it.
+        let attempt = Box::pin(self.attempt(key, &owner, lease, None, &mut gate));
+        let lease = metrics::try_acquire(self.shared.engine.table_name(), key, attempt).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
@@ -405,10 +406,12 @@ impl<DB: Backend> Locker<DB> {
         validate_acquire(key, lease, wait)?;
         let owner = self.new_owner();
         let engine = &self.shared.engine;
-        let won = engine.wait_for(key, wait, async |ticket| {
+        // Boxed: the metrics wrapper and its span each hold the future they are given by
+        // value, so an unboxed one is stored (and copied) once per layer.
+        let won = Box::pin(engine.wait_for(key, wait, async |ticket| {
             self.attempt(key, &owner, lease, ticket, &mut None).await
-        });
-        let won = metrics::acquire(self.table(), key, wait, won).await?;
+        }));
+        let won = metrics::acquire(engine.table_name(), key, wait, won).await?;
         Ok(self.guard(won))
     }
 
@@ -482,11 +485,13 @@ impl<DB: Backend> Locker<DB> {
 
     /// A fresh, unguessable owner value: the prefix and 32 hex digits of a random UUID.
     fn new_owner(&self) -> String {
-        format!(
-            "{}{}",
-            self.shared.owner_prefix,
-            uuid::Uuid::new_v4().simple()
-        )
+        // Built by hand: `format!` costs more than the rest of making the value.
+        let mut digits = uuid::Uuid::encode_buffer();
+        let digits = uuid::Uuid::new_v4().simple().encode_lower(&mut digits);
+        let mut owner = String::with_capacity(self.shared.owner_prefix.len() + digits.len());
+        owner.push_str(&self.shared.owner_prefix);
+        owner.push_str(digits);
+        owner
     }
 
     /// One acquisition attempt with an owner value chosen by the caller (validated input).

@@ -11,7 +11,9 @@
 //!
 //! Each call looks its metric up in the installed recorder (the facade's macros) instead
 //! of keeping handles: a handle taken before the application installed its recorder would
-//! record nowhere, for good. That is a map lookup per call, next to a database round trip.
+//! record nowhere, for good. That is a map lookup per call, next to a database round trip;
+//! the `table` label is the engine's shared name (`Arc<str>`), so making the key
+//! allocates nothing.
 //!
 //! # Spans
 //! A call the caller waits on is a span, so that the caller's own span (a request) shows
@@ -28,6 +30,7 @@
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -141,7 +144,7 @@ pub(crate) async fn in_span<T>(
 /// One acquisition attempt (`try_acquire`) in an `acquire` span, its time and outcome
 /// recorded.
 pub(crate) async fn try_acquire<T>(
-    table: &str,
+    table: &Arc<str>,
     key: &str,
     attempt: impl Future<Output = Result<Option<T>>>,
 ) -> Result<Option<T>> {
@@ -151,7 +154,7 @@ pub(crate) async fn try_acquire<T>(
 /// A waiting acquisition (`acquire`, waiting up to `wait`) in an `acquire` span, its time
 /// and outcome recorded.
 pub(crate) async fn acquire<T>(
-    table: &str,
+    table: &Arc<str>,
     key: &str,
     wait: Duration,
     acquire: impl Future<Output = Result<T>>,
@@ -163,13 +166,18 @@ pub(crate) async fn acquire<T>(
 }
 
 async fn acquisition<T>(
-    table: &str,
+    table: &Arc<str>,
     key: &str,
     op: impl Future<Output = Result<T>>,
     outcome: impl Fn(&Result<T>) -> Outcome,
 ) -> Result<T> {
     let started = Instant::now();
-    let span = tracing::info_span!("acquire", key, table, outcome = tracing::field::Empty);
+    let span = tracing::info_span!(
+        "acquire",
+        key,
+        table = &**table,
+        outcome = tracing::field::Empty
+    );
     let acquired = in_span(span, op, |acquired| outcome(acquired).as_str()).await;
     let outcome = outcome(&acquired);
     acquire_time(table, outcome, started.elapsed().as_secs_f64());
@@ -204,12 +212,12 @@ pub(crate) fn release_outcome(released: &Result<()>) -> &'static str {
 // only "used"), so every hook compiles to nothing.
 
 /// Records an acquisition's time (seconds) and outcome.
-pub(crate) fn acquire_time(table: &str, outcome: Outcome, seconds: f64) {
+pub(crate) fn acquire_time(table: &Arc<str>, outcome: Outcome, seconds: f64) {
     #[cfg(feature = "metrics")]
     {
         describe();
         let outcome = outcome.as_str();
-        ::metrics::histogram!(ACQUIRE_TIME, "table" => table.to_owned(), "outcome" => outcome)
+        ::metrics::histogram!(ACQUIRE_TIME, "table" => Arc::clone(table), "outcome" => outcome)
             .record(seconds);
     }
     #[cfg(not(feature = "metrics"))]
@@ -217,12 +225,12 @@ pub(crate) fn acquire_time(table: &str, outcome: Outcome, seconds: f64) {
 }
 
 /// Counts a failure.
-pub(crate) fn failure(table: &str, failure: Failure) {
+pub(crate) fn failure(table: &Arc<str>, failure: Failure) {
     #[cfg(feature = "metrics")]
     {
         describe();
         let reason = failure.as_str();
-        ::metrics::counter!(FAILURE_COUNT, "table" => table.to_owned(), "reason" => reason)
+        ::metrics::counter!(FAILURE_COUNT, "table" => Arc::clone(table), "reason" => reason)
             .increment(1);
     }
     #[cfg(not(feature = "metrics"))]
@@ -230,29 +238,29 @@ pub(crate) fn failure(table: &str, failure: Failure) {
 }
 
 /// Records how long a lease was held (seconds), once per lease.
-pub(crate) fn hold_time(table: &str, seconds: f64) {
+pub(crate) fn hold_time(table: &Arc<str>, seconds: f64) {
     #[cfg(feature = "metrics")]
     {
         describe();
-        ::metrics::histogram!(HOLD_TIME, "table" => table.to_owned()).record(seconds);
+        ::metrics::histogram!(HOLD_TIME, "table" => Arc::clone(table)).record(seconds);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (table, seconds);
 }
 
 /// Moves the count of held leases by `delta` (+1 when a lease starts, -1 when it ends).
-pub(crate) fn held(table: &str, delta: i64) {
+pub(crate) fn held(table: &Arc<str>, delta: i64) {
     #[cfg(feature = "metrics")]
-    move_gauge(::metrics::gauge!(HELD, "table" => table.to_owned()), delta);
+    move_gauge(::metrics::gauge!(HELD, "table" => Arc::clone(table)), delta);
     #[cfg(not(feature = "metrics"))]
     let _ = (table, delta);
 }
 
 /// Moves the count of waiters by `delta` (+1 when one joins a queue, -1 when it leaves).
-pub(crate) fn waiters(table: &str, delta: i64) {
+pub(crate) fn waiters(table: &Arc<str>, delta: i64) {
     #[cfg(feature = "metrics")]
     move_gauge(
-        ::metrics::gauge!(WAITERS, "table" => table.to_owned()),
+        ::metrics::gauge!(WAITERS, "table" => Arc::clone(table)),
         delta,
     );
     #[cfg(not(feature = "metrics"))]
@@ -260,11 +268,11 @@ pub(crate) fn waiters(table: &str, delta: i64) {
 }
 
 /// Counts `n` leases renewed.
-pub(crate) fn renewals(table: &str, n: u64) {
+pub(crate) fn renewals(table: &Arc<str>, n: u64) {
     #[cfg(feature = "metrics")]
     {
         describe();
-        ::metrics::counter!(RENEWALS, "table" => table.to_owned()).increment(n);
+        ::metrics::counter!(RENEWALS, "table" => Arc::clone(table)).increment(n);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (table, n);

@@ -79,8 +79,10 @@ impl<DB: Backend> Owner<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        let attempt = self.attempt(key, lease, None);
-        let won = metrics::try_acquire(self.locker.table(), key, attempt).await?;
+        // Boxed, as in `Locker::try_acquire`: each wrapper would otherwise hold a copy.
+        let attempt = Box::pin(self.attempt(key, lease, None));
+        let won =
+            metrics::try_acquire(self.locker.shared.engine.table_name(), key, attempt).await?;
         Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
@@ -97,15 +99,16 @@ impl<DB: Backend> Owner<DB> {
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
         let engine = &self.locker.shared.engine;
-        let won = async {
+        // Boxed, as in `Locker::acquire`: each wrapper would otherwise hold a copy.
+        let won = Box::pin(async {
             // Nested at once, never queued behind waiters for a key this owner holds.
             if let Some(nested) = self.nest(key) {
                 return Ok(nested);
             }
             let attempt = async |ticket| self.attempt(key, lease, ticket).await;
             engine.wait_for(key, wait, attempt).await
-        };
-        let won = metrics::acquire(self.locker.table(), key, wait, won).await?;
+        });
+        let won = metrics::acquire(engine.table_name(), key, wait, won).await?;
         Ok(self.locker.guard(won))
     }
 
