@@ -36,6 +36,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -84,6 +85,8 @@ struct Inner<DB: Backend> {
     stop: CancellationToken,
     jobs: TaskTracker,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// Set once the task was spawned: every acquisition asks, and needs no lock to hear yes.
+    started: AtomicBool,
     /// This Locker's waiters, by key.
     queues: LocalQueues,
     /// The listener that hears releases of other processes (PostgreSQL).
@@ -111,6 +114,16 @@ struct State {
     idle_wakes: u32,
     pass: u64,
     stopped: bool,
+}
+
+/// Whether the engine's task must be woken for a lease due at `due`: only when that is
+/// before its planned wake-up, which then moves to `due`.
+fn plan_wake(state: &mut State, due: Instant) -> bool {
+    let wake = state.planned.is_none_or(|planned| due < planned);
+    if wake {
+        state.planned = Some(due);
+    }
+    wake
 }
 
 impl<DB: Backend> Engine<DB> {
@@ -142,6 +155,7 @@ impl<DB: Backend> Engine<DB> {
                 stop: CancellationToken::new(),
                 jobs: TaskTracker::new(),
                 task: Mutex::new(None),
+                started: AtomicBool::new(false),
                 queues: LocalQueues::new(table_name),
                 wakeups: Wakeups::new(listen.on && DB::NOTIFIES, listen.options),
                 tickets,
@@ -242,12 +256,18 @@ impl<DB: Backend> Engine<DB> {
         state.leases.insert(id, Arc::clone(&lease));
         state.last_interval = interval.max(MIN_IDLE);
         state.idle_wakes = 0;
-        drop(state);
-        self.ensure_started();
         // Only a lease due before the planned wake-up needs the task woken; otherwise it
         // is picked up then, early enough (a lease is renewed up to half an interval
         // early), and a tight acquire/release loop costs the engine no wake-up at all.
-        self.wake_by(due);
+        // Decided under the lock already held: one lock fewer per acquisition.
+        let wake = plan_wake(&mut state, due);
+        drop(state);
+        if !self.inner.started.load(Ordering::Acquire) {
+            self.ensure_started();
+        }
+        if wake {
+            self.inner.wake.notify_one();
+        }
         lease
     }
 
@@ -261,6 +281,7 @@ impl<DB: Backend> Engine<DB> {
             return;
         };
         *task = Some(runtime.spawn(Arc::clone(&self.inner).run()));
+        self.inner.started.store(true, Ordering::Release);
     }
 
     /// Stops renewing `lease`, waits for a batch in flight that includes it, then deletes
@@ -313,14 +334,7 @@ impl<DB: Backend> Engine<DB> {
 
     /// Makes sure the engine's task wakes by `due`.
     fn wake_by(&self, due: Instant) {
-        let wake = {
-            let mut state = self.inner.state();
-            let wake = state.planned.is_none_or(|planned| due < planned);
-            if wake {
-                state.planned = Some(due);
-            }
-            wake
-        };
+        let wake = plan_wake(&mut self.inner.state(), due);
         if wake {
             self.inner.wake.notify_one();
         }

@@ -7,7 +7,7 @@
 //! instead of sending an attempt that must fail.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -17,6 +17,9 @@ use crate::metrics;
 /// The queues of one Locker, by key.
 pub(crate) struct LocalQueues {
     keys: Mutex<HashMap<String, VecDeque<Waiter>>>,
+    /// How many waiters `keys` holds, changed under its lock: a release with nobody
+    /// waiting (the usual case) reads this instead of taking the lock.
+    waiters: AtomicUsize,
     next_id: AtomicU64,
     /// The lock table's name (the waiters gauge's `table` label).
     table: Arc<str>,
@@ -59,6 +62,7 @@ impl LocalQueues {
     pub(crate) fn new(table: Arc<str>) -> Self {
         LocalQueues {
             keys: Mutex::default(),
+            waiters: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             table,
         }
@@ -86,14 +90,16 @@ impl LocalQueues {
         metrics::waiters(&self.table, 1);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Turn::default();
-        self.keys()
-            .entry(key.to_owned())
-            .or_default()
-            .push_back(Waiter {
-                id,
-                turn: turn.clone(),
-                fair,
-            });
+        let mut keys = self.keys();
+        keys.entry(key.to_owned()).or_default().push_back(Waiter {
+            id,
+            turn: turn.clone(),
+            fair,
+        });
+        // Counted before the waiter's first attempt, which reads the row: a release that
+        // deleted the row after that read counts it (SeqCst) and wakes it.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        drop(keys);
         Place {
             queues: self,
             key: key.to_owned(),
@@ -106,6 +112,9 @@ impl LocalQueues {
     /// `key` was released (through this Locker, or elsewhere as a listener heard): the
     /// head of its queue tries now. Whether anyone was waiting.
     pub(crate) fn released(&self, key: &str) -> bool {
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
         let keys = self.keys();
         let Some(queue) = keys.get(key) else {
             return false;
@@ -166,7 +175,11 @@ impl Drop for Place<'_> {
             return;
         };
         let was_head = queue.front().is_some_and(|head| head.id == self.id);
+        let before = queue.len();
         queue.retain(|waiter| waiter.id != self.id);
+        if queue.len() < before {
+            self.queues.waiters.fetch_sub(1, Ordering::SeqCst);
+        }
         match queue.front() {
             None => {
                 keys.remove(&self.key);
@@ -189,6 +202,8 @@ mod tests {
         let second = queues.join("k");
         let third = queues.join("k");
         assert_eq!(queues.waiting("k"), 3);
+        assert_eq!(queues.waiters.load(Ordering::SeqCst), 3);
+        assert!(queues.released("k"), "three waiters heard it");
         assert!(first.is_head() && !second.is_head());
         drop(second); // left from the middle: nobody's turn changes
         assert!(first.is_head() && !third.is_head());
@@ -196,6 +211,8 @@ mod tests {
         assert!(third.is_head());
         drop(third);
         assert_eq!(queues.waiting("k"), 0);
+        assert_eq!(queues.waiters.load(Ordering::SeqCst), 0);
+        assert!(!queues.released("k"), "nobody waits");
         assert!(queues.keys().is_empty(), "an empty queue is removed");
     }
 }
