@@ -97,7 +97,8 @@ impl<DB: Backend> LockTable<DB> {
             // Boxed, as is the statement below: sqlx's futures are large (a checkout
             // alone is about 8.6 KB), and each layer above that holds one by value
             // copies it on every move: unboxed, `try_acquire` + `release` copied about
-            // 1 MB per cycle (valgrind), a third of its client CPU.
+            // 1 MB per cycle: 88 % of its instructions by callgrind, about a fifth of its
+            // client CPU in the bench (221 µs per cycle against 176 µs for this layer alone).
             let checkout = Box::pin(self.pool.acquire());
             let call = &call;
             async move {
