@@ -19,6 +19,13 @@ const SEED_TABLE: &str = "bench_lock_seed";
 const TASKS: [usize; 2] = [1, 8];
 /// Each contender runs this long before the rounds (connections, statement caches).
 const WARM_UP: Duration = Duration::from_millis(200);
+/// Each round's time per contender is split into this many legs, every contender running
+/// once per leg, in the round's order and then in reverse (A B C, C B A, ...). So a
+/// burst of the shared machine's load, or a drift such as InnoDB purge catching up,
+/// lands on every contender of a round alike: with one slot each, the committed run's
+/// MariaDB 1-task ratio of dblock's own statements (dialect only) to the same statements
+/// by hand swung 0.71-1.07x from round to round.
+const LEGS: u32 = 20;
 
 /// Who is who in a comparison's list of contenders.
 const DBLOCK: usize = 0;
@@ -173,15 +180,25 @@ async fn compare(
             round + 1,
             settings.rounds
         );
-        for i in turn_order(contenders.len(), round) {
-            let prefix = format!("{run}:{round}:{i}:{tasks}");
-            let load = cycles(
-                Arc::clone(&contenders[i]),
-                tasks,
-                prefix,
-                Stop::after(settings.round),
-            )
-            .await;
+        let mut legs = vec![Load::default(); contenders.len()];
+        for leg in 0..LEGS {
+            let mut order: Vec<usize> = turn_order(contenders.len(), round).collect();
+            if leg % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let prefix = format!("{run}:{round}:{leg}:{i}:{tasks}");
+                let load = cycles(
+                    Arc::clone(&contenders[i]),
+                    tasks,
+                    prefix,
+                    Stop::after(settings.round / LEGS),
+                )
+                .await;
+                legs[i].merge(load);
+            }
+        }
+        for (i, load) in legs.into_iter().enumerate() {
             rounds[i].push(load);
         }
     }
@@ -196,7 +213,10 @@ async fn compare(
 fn cycle_markdown(comparisons: &[Comparison]) -> String {
     let mut out = String::from(
         "## 1. Uncontended cycle: dblock vs the same SQL by hand\n\n\
-         One cycle = acquire a fresh key, release it; latency is the whole cycle.\n\n",
+         One cycle = acquire a fresh key, release it; latency is the whole cycle. Each \
+         round's time per contender is split into 20 legs, the contenders running in the \
+         round's order, then in reverse (A B C, C B A, ...), so that a burst of load on \
+         the shared machine lands on all of them alike.\n\n",
     );
     let mut backends: Vec<&str> = comparisons.iter().map(|c| c.backend.as_str()).collect();
     backends.dedup();

@@ -138,6 +138,15 @@ impl Load {
         self.wakeups as f64 / self.ops.max(1) as f64
     }
 
+    /// Adds another timed load of the same contender (one more leg of a round): its
+    /// work, time, CPU and wake-ups.
+    pub fn merge(&mut self, other: Load) {
+        self.elapsed += other.elapsed;
+        self.cpu += other.cpu;
+        self.wakeups += other.wakeups;
+        self.absorb(other);
+    }
+
     fn absorb(&mut self, other: Load) {
         self.ops += other.ops;
         self.lost += other.lost;
