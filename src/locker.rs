@@ -524,7 +524,8 @@ impl<DB: Backend> Locker<DB> {
     /// Deletes every expired row once, in batches of [`DEFAULT_REAP_BATCH`]; returns how
     /// many went. Live leases are never deleted; several reapers at once are safe (on
     /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
-    /// 19 times as long as the batch took, so other acquirers keep their pace.
+    /// 39 times as long as the batch took, so other acquirers keep their pace (100,000
+    /// expired rows take about a minute on PostgreSQL).
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or

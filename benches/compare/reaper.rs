@@ -30,8 +30,11 @@ stays under 2x idle only while fewer than 1% of the cycles overlap one (column \
 \"cycles slower than 2x idle p99\"). Pacing makes the reaper busy 1/(PACE+1) of the \
 time; it cannot shorten the stall of a batch. Development runs on PostgreSQL: PACE 3: \
 2.4-2.5% of cycles slowed, p99 4.5-5.1x idle, 100,000 rows in 8.3 s; PACE 9: 0.6-1.3% \
-slowed, p99 1.5-3.2x (missed in 2 of 3 runs), 16-22 s; PACE 19 (now): 0.2-0.5% \
-slowed, p99 0.95-1.5x, 36-39 s (MariaDB: 0.4-0.5% slowed, 1.0-1.2x, 15-18 s). A \
+slowed, p99 1.5-3.2x (missed in 2 of 3 runs), 16-22 s; PACE 19: 0.2-0.5% \
+slowed, p99 0.95-1.5x, 36-39 s (MariaDB: 0.4-0.5% slowed, 1.0-1.2x, 15-18 s), but on \
+a later machine whose MariaDB deleted 100,000 rows in 8 s 0.7-1.2% slowed, p99 \
+1.7-2.4x (missed in 3 of 4 cells, PostgreSQL 1.4-2.0x); PACE 39 (now), same machine: \
+0.3-0.5% slowed, p99 0.9-1.3x on both servers, 41-55 s (MariaDB 15-17 s). A \
 smaller batch does not help on PostgreSQL: a background reaper \
 with batches of 100 (PACE 3) took 114 s for the 100,000 rows (877 rows/s; 28 ms a \
 batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: a \
