@@ -27,11 +27,11 @@ use crate::table::LockTable;
 /// acquirer that overlaps a batch waits for it, and for the p99 of the acquirers beside
 /// it to stay within 2x idle fewer than 1% of their statements may overlap one: with 9
 /// (a tenth of the time) 0.6-1.3% did; with 19 0.2-0.5% on one machine, but 0.7-1.2% on
-/// another whose MariaDB deleted a batch twice as fast (p99 1.7-2.4x idle); with 39
-/// 0.3-0.5% on both servers (p99 0.9-1.3x; bench/RESULTS.md, section 6). Reaping is
-/// housekeeping (an expired row never blocks an acquisition, it is taken over), so a
-/// backlog of 100,000 rows may take a minute or so: 41-55 s on PostgreSQL, 15-17 s on
-/// MariaDB in those runs.
+/// another whose MariaDB deleted a batch twice as fast (p99 1.7-2.4x idle); with 39, on
+/// that second machine, 0.3-0.8% in three runs of the bench's section 6 (p99 0.9-1.6x
+/// idle on both servers). Reaping is housekeeping (an expired row never blocks an
+/// acquisition, it is taken over), so a backlog of 100,000 rows may take a minute or so:
+/// 41-68 s on PostgreSQL, 15-19 s on MariaDB in those runs.
 pub(crate) const PACE: u32 = 39;
 
 /// Most long-held rows one leak check reads and reports.

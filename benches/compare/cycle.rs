@@ -211,12 +211,12 @@ async fn compare(
 }
 
 fn cycle_markdown(comparisons: &[Comparison]) -> String {
-    let mut out = String::from(
+    let mut out = format!(
         "## 1. Uncontended cycle: dblock vs the same SQL by hand\n\n\
          One cycle = acquire a fresh key, release it; latency is the whole cycle. Each \
-         round's time per contender is split into 20 legs, the contenders running in the \
-         round's order, then in reverse (A B C, C B A, ...), so that a burst of load on \
-         the shared machine lands on all of them alike.\n\n",
+         round's time per contender is split into {LEGS} legs, the contenders running in \
+         the round's order, then in reverse (A B C, C B A, ...), so that a burst of load \
+         on the shared machine lands on all of them alike.\n\n",
     );
     let mut backends: Vec<&str> = comparisons.iter().map(|c| c.backend.as_str()).collect();
     backends.dedup();

@@ -33,8 +33,9 @@ time; it cannot shorten the stall of a batch. Development runs on PostgreSQL: PA
 slowed, p99 1.5-3.2x (missed in 2 of 3 runs), 16-22 s; PACE 19: 0.2-0.5% \
 slowed, p99 0.95-1.5x, 36-39 s (MariaDB: 0.4-0.5% slowed, 1.0-1.2x, 15-18 s), but on \
 a later machine whose MariaDB deleted 100,000 rows in 8 s 0.7-1.2% slowed, p99 \
-1.7-2.4x (missed in 3 of 4 cells, PostgreSQL 1.4-2.0x); PACE 39 (now), same machine: \
-0.3-0.5% slowed, p99 0.9-1.3x on both servers, 41-55 s (MariaDB 15-17 s). A \
+1.7-2.4x (missed in 3 of 4 cells, PostgreSQL 1.4-2.0x); PACE 39 (now), same machine, \
+three runs: 0.3-0.8% slowed, p99 0.9-1.6x on both servers, 41-68 s (MariaDB \
+15-19 s). A \
 smaller batch does not help on PostgreSQL: a background reaper \
 with batches of 100 (PACE 3) took 114 s for the 100,000 rows (877 rows/s; 28 ms a \
 batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: a \
