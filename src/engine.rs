@@ -262,9 +262,7 @@ impl<DB: Backend> Engine<DB> {
         // Decided under the lock already held: one lock fewer per acquisition.
         let wake = plan_wake(&mut state, due);
         drop(state);
-        if !self.inner.started.load(Ordering::Acquire) {
-            self.ensure_started();
-        }
+        self.ensure_started();
         if wake {
             self.inner.wake.notify_one();
         }
@@ -272,6 +270,10 @@ impl<DB: Backend> Engine<DB> {
     }
 
     fn ensure_started(&self) {
+        // Every acquisition asks: once the task runs, the answer needs no lock.
+        if self.inner.started.load(Ordering::Acquire) {
+            return;
+        }
         let mut task = self.inner.task.lock().unwrap_or_else(|e| e.into_inner());
         if task.is_some() || self.inner.stop.is_cancelled() {
             return;
