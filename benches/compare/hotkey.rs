@@ -55,7 +55,8 @@ pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
     called -> returned, for acquisitions that succeeded: a round's end cancels the acquires \
     still waiting (they are cancel safe), which counts neither as an error nor as a wait, \
     so the longest wait is capped by the round's length. Handoff = release completed -> \
-    next acquire returned.\n\n";
+    next acquire returned; releaser re-takes = the share of handoffs in which the task \
+    that released the key took it again.\n\n";
 
 const TABLE: &str = "bench_lock_hot";
 const TASKS: usize = 8;
@@ -66,8 +67,10 @@ const TARGET_LONGEST: Duration = Duration::from_millis(100);
 const TARGET_ATTEMPTS: f64 = 1.3;
 
 #[derive(Default)]
-struct Round {
+pub(crate) struct Round {
     acquisitions: u64,
+    /// Handoffs in which the task that released the key took it again.
+    retakes: u64,
     handoffs: Samples,
     waits: Samples,
     acquire_errors: u64,
@@ -80,8 +83,13 @@ struct Round {
 }
 
 impl Round {
-    fn per_sec(&self) -> f64 {
+    pub(crate) fn per_sec(&self) -> f64 {
         self.acquisitions as f64 / self.secs
+    }
+
+    /// The share of handoffs in which the releasing task took the key again.
+    pub(crate) fn retake_share(&self) -> f64 {
+        self.retakes as f64 / self.acquisitions.saturating_sub(1).max(1) as f64
     }
 
     fn attempts_per_acquisition(&self) -> f64 {
@@ -89,7 +97,7 @@ impl Round {
     }
 }
 
-async fn round<DB: BenchDb>(
+pub(crate) async fn round<DB: BenchDb>(
     side: &Arc<Side<DB>>,
     pool: &sqlx::Pool<DB>,
     key: String,
@@ -107,6 +115,7 @@ async fn round<DB: BenchDb>(
         ..Round::default()
     };
     for pair in done.turns.windows(2) {
+        r.retakes += u64::from(pair[0].task == pair[1].task);
         if let Some(released) = pair[0].released {
             // Both instants are taken after a reply arrives; the next holder's reply can be
             // read a moment before the releasing task records its own, hence saturating.
@@ -193,6 +202,7 @@ async fn one_locker<DB: BenchDb>(
         "wait p99 ms",
         "longest wait ms",
         "attempts per acquisition",
+        "releaser re-takes",
         "server deadlocks/s",
         "errors to callers (acquire / release)",
     ]);
@@ -228,6 +238,7 @@ async fn one_locker<DB: BenchDb>(
                 "{:.2}",
                 median(rs.iter().map(Round::attempts_per_acquisition))
             ),
+            format!("{:.0}%", 100.0 * median(rs.iter().map(Round::retake_share))),
             deadlocks,
             format!("{acquire_errors} / {release_errors}"),
         ]);
@@ -293,6 +304,8 @@ async fn one_locker<DB: BenchDb>(
         count(lo),
         count(hi),
     );
+    let retakes = median(poll.iter().map(Round::retake_share));
+    out.push_str(&crate::hotkey_thread::ceiling::<DB>(settings, &server.url, retakes).await);
     for (side, rs) in sides.iter().zip(&rounds) {
         if let Some(err) = rs.iter().find_map(|r| r.first_error.as_ref()) {
             let _ = writeln!(out, "- first error of {}: `{err}`", side.name());

@@ -150,6 +150,8 @@ impl<DB: BenchDb> Side<DB> {
 
 /// One holder's turn.
 pub struct Turn {
+    /// Which of the round's tasks held the key.
+    pub task: usize,
     pub acquired: Instant,
     pub released: Option<Instant>,
     pub waited: Duration,
@@ -174,7 +176,7 @@ pub async fn contend<DB: BenchDb>(
     tasks: usize,
     deadline: Instant,
 ) -> Contended {
-    let per_task = in_tasks(tasks, |_| {
+    let per_task = in_tasks(tasks, |task| {
         let side = Arc::clone(side);
         let key = key.to_owned();
         async move {
@@ -196,6 +198,7 @@ pub async fn contend<DB: BenchDb>(
                             }
                         };
                         done.turns.push(Turn {
+                            task,
                             acquired,
                             released,
                             waited: acquired - called,

@@ -22,6 +22,7 @@ mod hotkey_fair;
 mod hotkey_pool;
 mod hotkey_procs;
 mod hotkey_tasks;
+mod hotkey_thread;
 mod measure;
 mod reaper;
 mod renewal;
