@@ -97,7 +97,7 @@ impl Round {
     }
 }
 
-pub(crate) async fn round<DB: BenchDb>(
+async fn round<DB: BenchDb>(
     side: &Arc<Side<DB>>,
     pool: &sqlx::Pool<DB>,
     key: String,
@@ -132,6 +132,28 @@ pub(crate) async fn round<DB: BenchDb>(
         _ => None,
     };
     r
+}
+
+/// Runs `rounds` rounds of `length` per side, the sides taking turns in an order rotated
+/// each round, each round on a fresh key; `progress` hears each round's index first.
+/// The rounds, per side.
+pub(crate) async fn interleaved<DB: BenchDb>(
+    sides: &[Arc<Side<DB>>],
+    pool: &sqlx::Pool<DB>,
+    rounds: usize,
+    length: Duration,
+    progress: impl Fn(usize),
+) -> Vec<Vec<Round>> {
+    let run = new_owner()[..8].to_owned();
+    let mut measured: Vec<Vec<Round>> = sides.iter().map(|_| Vec::new()).collect();
+    for r in 0..rounds {
+        progress(r);
+        for i in turn_order(sides.len(), r) {
+            let key = format!("hot:{run}:{r}:{i}");
+            measured[i].push(round(&sides[i], pool, key, length).await);
+        }
+    }
+    measured
 }
 
 /// Runs section 3 on one server; returns its markdown.
@@ -177,20 +199,15 @@ async fn one_locker<DB: BenchDb>(
             attempts: AtomicU64::new(0),
         }),
     ];
-    let run = new_owner()[..8].to_owned();
-    let mut rounds: Vec<Vec<Round>> = sides.iter().map(|_| Vec::new()).collect();
-    for r in 0..settings.rounds {
+    let mut rounds = interleaved(&sides, &server.pool, settings.rounds, settings.round, |r| {
         eprintln!(
             "hotkey: {}, 8 tasks, round {}/{}",
             server.label,
             r + 1,
             settings.rounds
-        );
-        for i in turn_order(sides.len(), r) {
-            let key = format!("hot:{run}:{r}:{i}");
-            rounds[i].push(round(&sides[i], &server.pool, key, settings.round).await);
-        }
-    }
+        )
+    })
+    .await;
     DB::drop_lock_table(&server.pool, TABLE).await?;
 
     let mut out = String::new();

@@ -11,12 +11,11 @@ use std::time::Duration;
 
 use dblock::Locker;
 
-use crate::handwritten::new_owner;
-use crate::hotkey::{Round, round};
+use crate::hotkey::{Round, interleaved};
 use crate::hotkey_tasks::Side;
-use crate::measure::{median, spread, turn_order};
+use crate::measure::{median, spread};
 use crate::report::{count, ratio};
-use crate::servers::BenchDb;
+use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_hot_thread";
@@ -80,15 +79,16 @@ async fn one_thread<DB: BenchDb>(
     let pool = DB::dedicated_pool(url, 8)
         .await
         .map_err(|e| e.to_string())?;
-    DB::drop_lock_table(&pool, TABLE)
+    let server = Server {
+        pool,
+        label: "one-thread runtime".into(),
+        url: url.to_owned(),
+    };
+    let locker = server
+        .fresh_locker(TABLE)
         .await
         .map_err(|e| e.to_string())?;
-    let locker = Locker::builder(pool.clone())
-        .table(TABLE)
-        .build()
-        .map_err(|e| e.to_string())?;
-    locker.migrate().await.map_err(|e| e.to_string())?;
-    let polling = Locker::builder(pool.clone())
+    let polling = Locker::builder(server.pool.clone())
         .table(TABLE)
         .build()
         .map_err(|e| e.to_string())?;
@@ -96,19 +96,13 @@ async fn one_thread<DB: BenchDb>(
         Arc::new(Side::Dblock(locker.clone())),
         Arc::new(Side::Poll(polling)),
     ];
-    let run = new_owner()[..8].to_owned();
-    let mut measured: [Vec<Round>; 2] = Default::default();
-    for r in 0..rounds {
-        for i in turn_order(sides.len(), r) {
-            let key = format!("hot1:{run}:{r}:{i}");
-            measured[i].push(round(&sides[i], &pool, key, length).await);
-        }
-    }
-    DB::drop_lock_table(&pool, TABLE)
+    let mut measured = interleaved(&sides, &server.pool, rounds, length, |_| {}).await;
+    DB::drop_lock_table(&server.pool, TABLE)
         .await
         .map_err(|e| e.to_string())?;
     locker.shutdown().await;
-    pool.close().await;
-    let [dblock, poll] = measured;
+    server.pool.close().await;
+    let poll = measured.pop().unwrap_or_default();
+    let dblock = measured.pop().unwrap_or_default();
     Ok((dblock, poll))
 }
