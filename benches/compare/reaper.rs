@@ -35,14 +35,16 @@ slowed, p99 0.95-1.5x, 36-39 s (MariaDB: 0.4-0.5% slowed, 1.0-1.2x, 15-18 s), bu
 a later machine whose MariaDB deleted 100,000 rows in 8 s 0.7-1.2% slowed, p99 \
 1.7-2.4x (missed in 3 of 4 cells, PostgreSQL 1.4-2.0x); PACE 39 (now), same machine, \
 three runs: 0.3-0.8% slowed, p99 0.9-1.6x on both servers, 41-68 s (MariaDB \
-15-19 s). A \
-smaller batch does not help on PostgreSQL: a background reaper \
-with batches of 100 (PACE 3) took 114 s for the 100,000 rows (877 rows/s; 28 ms a \
-batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: a \
-batch's stall does not shrink with its rows, so ten times as many batches stall the \
-acquirers about ten times as often. (Batches do not slow down as a pass goes on: by \
-hand on an idle server the 82nd batch of 1,000 of a pass took 10 ms against 12 ms for \
-the first, its index scan touching 242 buffers.)\n\n";
+15-19 s), and later 1.2-2.5x for PostgreSQL's background reaper. PostgreSQL's batch then \
+hash-joined its keys against a scan of the whole table (21 ms a batch of 1,000 beside \
+100,000 rows); through the primary key (`= ANY(ARRAY(..))`) it takes 3.5 ms, and the \
+same pace deletes the 100,000 rows in about 20 s: 0.6% slowed, p99 1.2-1.3x in the \
+first run. That scan is also why, before, a smaller batch did not help on PostgreSQL: \
+a background reaper with batches of 100 (PACE 3) took 114 s for the 100,000 rows (28 ms \
+a batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: each \
+batch paid for the whole table whatever its rows. (Batches do not slow down as a pass \
+goes on: by hand on an idle server the 82nd batch of 1,000 of a pass took 10 ms against \
+12 ms for the first.)\n\n";
 
 /// How the expired rows are deleted.
 #[derive(Clone, Copy)]

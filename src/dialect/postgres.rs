@@ -149,11 +149,14 @@ UPDATE {table}
    AND expire_time > clock_timestamp()";
 
 // The outer condition repeats the expiry test: a row renewed after the inner scan is kept.
-// A reaped row that waiters marked wakes them, like a release.
+// A reaped row that waiters marked wakes them, like a release. `= ANY(ARRAY(..))` makes the
+// batch's keys one array, looked up through the primary key: with `IN (subquery)` the
+// planner may hash-join against a scan of the whole table (it did, on a table never
+// analyzed: 21 ms a batch of 1,000 beside 100,000 rows, against 3.5 ms this way).
 const REAP: &str = "\
-DELETE FROM {table} WHERE lock_key IN (
+DELETE FROM {table} WHERE lock_key = ANY(ARRAY(
     SELECT lock_key FROM {table} WHERE expire_time < clock_timestamp()
-     ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED)
+     ORDER BY expire_time LIMIT $1 FOR UPDATE SKIP LOCKED))
   AND expire_time < clock_timestamp()
 RETURNING CASE WHEN waiters THEN pg_notify('dblock:{table}', fencing_token || ':' || lock_key) IS NULL END";
 
