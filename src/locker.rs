@@ -525,7 +525,7 @@ impl<DB: Backend> Locker<DB> {
     /// many went. Live leases are never deleted; several reapers at once are safe (on
     /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
     /// 39 times as long as the batch took, so other acquirers keep their pace (100,000
-    /// expired rows took 17-22 s on PostgreSQL in the benchmark).
+    /// expired rows took 16-33 s on PostgreSQL in the benchmark's runs).
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or

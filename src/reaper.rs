@@ -33,8 +33,8 @@ use crate::table::LockTable;
 /// acquisition, it is taken over), so a backlog of 100,000 rows may take a minute or so:
 /// 41-68 s on PostgreSQL, 15-19 s on MariaDB in those runs. PostgreSQL's batch then
 /// scanned the whole table; since it goes through the primary key (src/dialect/
-/// postgres.rs, `REAP`) a batch of 1,000 takes a sixth as long, and 100,000 rows about
-/// 20 s at the same pace.
+/// postgres.rs, `REAP`) a batch of 1,000 takes a sixth as long, and 100,000 rows 16-33 s
+/// at the same pace (four runs of section 6; MariaDB 22-27 s on that day's machine).
 pub(crate) const PACE: u32 = 39;
 
 /// Most long-held rows one leak check reads and reports.
