@@ -38,8 +38,7 @@ three runs: 0.3-0.8% slowed, p99 0.9-1.6x on both servers, 41-68 s (MariaDB \
 15-19 s), and later 1.2-2.5x for PostgreSQL's background reaper. PostgreSQL's batch then \
 hash-joined its keys against a scan of the whole table (21 ms a batch of 1,000 beside \
 100,000 rows); through the primary key (`= ANY(ARRAY(..))`) it takes 3.5 ms, and the \
-same pace deletes the 100,000 rows in about 20 s: 0.6% slowed, p99 1.2-1.3x in the \
-first run. That scan is also why, before, a smaller batch did not help on PostgreSQL: \
+same pace deletes the 100,000 rows in 16-33 s, p99 0.9-1.6x idle in four runs. That scan is also why, before, a smaller batch did not help on PostgreSQL: \
 a background reaper with batches of 100 (PACE 3) took 114 s for the 100,000 rows (28 ms \
 a batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: each \
 batch paid for the whole table whatever its rows. (Batches do not slow down as a pass \
