@@ -524,8 +524,9 @@ impl<DB: Backend> Locker<DB> {
     /// Deletes every expired row once, in batches of [`DEFAULT_REAP_BATCH`]; returns how
     /// many went. Live leases are never deleted; several reapers at once are safe (on
     /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
-    /// 39 times as long as the batch took, so other acquirers keep their pace (100,000
-    /// expired rows took 16-33 s on PostgreSQL in the benchmark's runs).
+    /// 39 times as long as the batch took (79 times on MySQL / MariaDB, whose purge
+    /// deletes each row again after the commit), so other acquirers keep their pace
+    /// (100,000 expired rows took 16-33 s on PostgreSQL in the benchmark's runs).
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or

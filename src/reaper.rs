@@ -3,9 +3,21 @@
 //! does not need it; it keeps the table small.
 //!
 //! A pass deletes bounded batches through the `expire_time` index until one comes back
-//! short, and paces itself: after each batch it pauses for [`PACE`] times as long as the
-//! batch took, so a large backlog is worked off in the background without crowding out
-//! the acquisitions running beside it.
+//! short, and paces itself: after each batch it pauses for the dialect's `REAP_PACE`
+//! times as long as the batch took (39 times; 79 on MySQL / MariaDB, whose purge threads
+//! delete each row a second time after the commit), so a large backlog is worked off in
+//! the background without crowding out the acquisitions running beside it.
+//!
+//! Why a fortieth of the server's time: an acquirer that overlaps a batch (or, on InnoDB,
+//! its purge) waits for it, and for the p99 of the acquirers beside it to stay within 2x
+//! idle fewer than 1% of their statements may overlap one. Pausing 9 times a batch (a
+//! tenth of the time), 0.6-1.3% did; 19 times, 0.2-0.5% on one machine but 0.7-1.2% on
+//! another; 39 times, 0.3-0.8% on PostgreSQL in the bench's section 6 (p99 0.9-1.6x
+//! idle). MariaDB at 39 times reached 1.1-1.2% (p99 2.1-2.3x idle) because its purge
+//! doubled the work the pause was measured against, hence its 79. Reaping is
+//! housekeeping (an expired row never blocks an acquisition, it is taken over), so a
+//! backlog of 100,000 rows may take a minute or so: 16-33 s on PostgreSQL in those runs,
+//! and on MariaDB twice the 22-27 s that 39 times took.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -21,21 +33,6 @@ use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
 use crate::table::LockTable;
-
-/// After a full batch, the reaper pauses this many times as long as the batch took: the
-/// database spends at most a fortieth of its time on reaping while a backlog lasts. An
-/// acquirer that overlaps a batch waits for it, and for the p99 of the acquirers beside
-/// it to stay within 2x idle fewer than 1% of their statements may overlap one: with 9
-/// (a tenth of the time) 0.6-1.3% did; with 19 0.2-0.5% on one machine, but 0.7-1.2% on
-/// another whose MariaDB deleted a batch twice as fast (p99 1.7-2.4x idle); with 39, on
-/// that second machine, 0.3-0.8% in three runs of the bench's section 6 (p99 0.9-1.6x
-/// idle on both servers). Reaping is housekeeping (an expired row never blocks an
-/// acquisition, it is taken over), so a backlog of 100,000 rows may take a minute or so:
-/// 41-68 s on PostgreSQL, 15-19 s on MariaDB in those runs. PostgreSQL's batch then
-/// scanned the whole table; since it goes through the primary key (src/dialect/
-/// postgres.rs, `REAP`) a batch of 1,000 takes a sixth as long, and 100,000 rows 16-33 s
-/// at the same pace (four runs of section 6; MariaDB 22-27 s on that day's machine).
-pub(crate) const PACE: u32 = 39;
 
 /// Most long-held rows one leak check reads and reports.
 pub const LEAK_CHECK_LIMIT: u32 = 1_000;
@@ -253,15 +250,16 @@ async fn check_leaks<DB: Backend>(
     Ok(rows)
 }
 
-/// Deletes every expired row, in batches of `batch`, pausing [`PACE`] times each batch's
-/// duration between batches; stops early (between batches) when `stop` is cancelled.
+/// Deletes every expired row, in batches of `batch`, pausing the dialect's pace times each
+/// batch's duration between batches; stops early (between batches) when `stop` is
+/// cancelled.
 pub(crate) async fn reap_all<DB: Backend>(
     table: &LockTable<DB>,
     counters: &Counters,
     batch: u32,
     stop: Option<&CancellationToken>,
 ) -> Result<u64> {
-    let mut total = 0;
+    let (mut total, pace) = (0, table.reap_pace());
     loop {
         let started = Instant::now();
         let deleted = table
@@ -276,7 +274,7 @@ pub(crate) async fn reap_all<DB: Backend>(
             }
             return Ok(total);
         }
-        let pause = started.elapsed() * PACE;
+        let pause = started.elapsed() * pace;
         match stop {
             Some(stop) => tokio::select! {
                 _ = stop.cancelled() => return Ok(total),

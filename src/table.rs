@@ -286,6 +286,12 @@ impl<DB: Backend> LockTable<DB> {
         DB::listen(listener, &self.name).await
     }
 
+    /// How many times a reaper batch's duration the reaper pauses after it (the
+    /// dialect's [`REAP_PACE`](crate::dialect::LockSql::REAP_PACE)).
+    pub(crate) fn reap_pace(&self) -> u32 {
+        DB::REAP_PACE
+    }
+
     /// Deletes at most `batch` expired rows.
     pub(crate) async fn reap_batch(&self, batch: u32) -> Result<u64, sqlx::Error> {
         self.run(

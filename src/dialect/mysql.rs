@@ -182,6 +182,13 @@ impl super::sealed::Sealed for MySql {}
 
 impl LockSql for MySql {
     type Statements = Statements;
+    // InnoDB deletes a reaped row twice: the DELETE marks it, then a purge thread removes
+    // it from both indexes 0.2-0.5 s after the commit, in about as long again (a batch of
+    // 1,000: DELETE 10-14 ms, its purge 5-10 ms, read from INNODB_METRICS'
+    // purge_del_mark_records), which the reaper cannot time. Twice the pause keeps
+    // reaping at a fortieth of the server's time; with 39 it was a twentieth, and 1.1-1.2%
+    // of the acquisitions beside it were slowed past twice the idle p99 (bench section 6).
+    const REAP_PACE: u32 = 79;
     const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
         (
             "V1__distributed_lock.sql",
