@@ -1,9 +1,10 @@
 //! Section 6: the reaper. Each round, for each way of reaping (`reap_expired()`, then a
 //! background reaper from `spawn_reaper`), bulk-inserts `--reap-rows` expired rows
 //! (default 100,000) in one statement and lets the server write them back, then runs one
-//! task of dblock `try_acquire` + `release` cycles on other keys of the same table, first
-//! with no reaper, then while the reaper deletes the expired rows (timed). Both reapers
-//! pace themselves (src/reaper.rs, `PACE`: after a full batch they pause `PACE` times the
+//! task of dblock `try_acquire` + `release` cycles on other keys of the same table with
+//! no reaper, then while the reaper deletes the expired rows (timed), then with no reaper
+//! again (the idle baseline is both idle spells together). Both reapers pace themselves
+//! (src/reaper.rs: after a full batch they pause the dialect's `REAP_PACE` times the
 //! batch's duration).
 
 use std::fmt::Write as _;
@@ -22,28 +23,23 @@ use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_reap";
 
-/// What the development runs of this section showed (one round each, same machine),
-/// for reading the verdicts above.
+/// What the development runs of this section showed, for reading the verdicts above.
 const PACING_NOTE: &str = "\
 How to read the p99 target: a cycle that overlaps a reaper batch waits for it, so p99 \
 stays under 2x idle only while fewer than 1% of the cycles overlap one (column \
-\"cycles slower than 2x idle p99\"). Pacing makes the reaper busy 1/(PACE+1) of the \
-time; it cannot shorten the stall of a batch. Development runs on PostgreSQL: PACE 3: \
-2.4-2.5% of cycles slowed, p99 4.5-5.1x idle, 100,000 rows in 8.3 s; PACE 9: 0.6-1.3% \
-slowed, p99 1.5-3.2x (missed in 2 of 3 runs), 16-22 s; PACE 19: 0.2-0.5% \
-slowed, p99 0.95-1.5x, 36-39 s (MariaDB: 0.4-0.5% slowed, 1.0-1.2x, 15-18 s), but on \
-a later machine whose MariaDB deleted 100,000 rows in 8 s 0.7-1.2% slowed, p99 \
-1.7-2.4x (missed in 3 of 4 cells, PostgreSQL 1.4-2.0x); PACE 39 (now), same machine, \
-three runs: 0.3-0.8% slowed, p99 0.9-1.6x on both servers, 41-68 s (MariaDB \
-15-19 s), and later 1.2-2.5x for PostgreSQL's background reaper. PostgreSQL's batch then \
-hash-joined its keys against a scan of the whole table (21 ms a batch of 1,000 beside \
-100,000 rows); through the primary key (`= ANY(ARRAY(..))`) it takes 3.5 ms, and the \
-same pace deletes the 100,000 rows in 16-33 s, p99 0.9-1.6x idle in four runs. That scan is also why, before, a smaller batch did not help on PostgreSQL: \
-a background reaper with batches of 100 (PACE 3) took 114 s for the 100,000 rows (28 ms \
-a batch against 20 ms for batches of 1,000), 28% of cycles slowed, p99 14.9x: each \
-batch paid for the whole table whatever its rows. (Batches do not slow down as a pass \
-goes on: by hand on an idle server the 82nd batch of 1,000 of a pass took 10 ms against \
-12 ms for the first.)\n\n";
+\"cycles slower than 2x idle p99\"). Pacing makes the reaper busy 1/(pace+1) of the \
+time; it cannot shorten the stall of a batch. Development runs on PostgreSQL: pace 3: \
+2.4-2.5% of cycles slowed, p99 4.5-5.1x idle; pace 9: 0.6-1.3% slowed, p99 1.5-3.2x; \
+pace 19: 0.2-0.5% slowed on one machine, 0.7-1.2% on another; pace 39: 0.3-0.8% \
+slowed, p99 0.9-1.6x. MariaDB at pace 39 was slowed more (1.0-1.4% of cycles, p99 \
+2.1-2.3x idle in two of three full runs) because InnoDB deletes each reaped row twice: \
+the DELETE marks it, and a purge thread removes it 0.2-0.5 s after the commit, taking \
+about as long again (a batch of 1,000: DELETE 10-14 ms, purge 5-10 ms, read from \
+INNODB_METRICS' purge_del_mark_records), in the middle of the reaper's pause. So \
+MySQL / MariaDB pause 79 times a batch (the dialect's REAP_PACE): a fortieth of the \
+server's time again. Smaller batches did not help there (250 rows: as many cycles \
+slowed, in interleaved probes), and on PostgreSQL they cost more (250 rows: 1.5-1.7x \
+idle p99 and twice the time, each batch paying its commit's WAL flush).\n\n";
 
 /// How the expired rows are deleted.
 #[derive(Clone, Copy)]
@@ -140,9 +136,15 @@ async fn run<DB: BenchDb>(
         name: "probe".into(),
         locker: locker.clone(),
     });
-    // Fewer rounds than the comparisons: each inserts and deletes a lot.
-    let rounds = (settings.rounds / 2).max(1);
-    let idle_for = settings.round * 2;
+    // Fewer rounds than the comparisons (each inserts and deletes a lot), but at least
+    // three by default: the verdict is a median of rounds, and the median of two is
+    // their mean, which one disturbed round moves.
+    let rounds = settings.rounds.div_ceil(2);
+    // The idle baseline brackets the reaping: half before it, half after (once the
+    // server has written back what the reaping left dirty), 10 round-lengths in all. With
+    // 2 s before only, a round's idle p99 rested on some 20 cycles and moved 1.3-4.3 ms
+    // between rounds of one run (MariaDB), swinging the ratio more than the reaper did.
+    let idle_half = settings.round * 5;
     let mut by_way: Vec<Vec<Round>> = Way::ALL.iter().map(|_| Vec::new()).collect();
     for r in 0..rounds {
         for (w, way) in Way::ALL.into_iter().enumerate() {
@@ -159,11 +161,11 @@ async fn run<DB: BenchDb>(
             // Without this the "idle" probe would pay for writing the insert back.
             DB::settle(&server.pool).await;
 
-            let idle = cycles(
+            let mut idle = cycles(
                 Arc::clone(&probe),
                 1,
-                format!("idle:{r}:{w}"),
-                Stop::after(idle_for),
+                format!("idle-before:{r}:{w}"),
+                Stop::after(idle_half),
             )
             .await;
             let stop = Stop::default();
@@ -179,6 +181,16 @@ async fn run<DB: BenchDb>(
             stop.now();
             let during = during.await?;
             let reaped = reaped?;
+            DB::settle(&server.pool).await;
+            idle.merge(
+                cycles(
+                    Arc::clone(&probe),
+                    1,
+                    format!("idle-after:{r}:{w}"),
+                    Stop::after(idle_half),
+                )
+                .await,
+            );
             by_way[w].push(Round {
                 inserted,
                 insert_secs,

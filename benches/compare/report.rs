@@ -182,8 +182,8 @@ hand-written SQL share the same pool settings and the same tables.
    at most 2 statements per tick per Locker, no lease lost.
 6. **Reaper**: time to delete 100,000 expired rows (by default) with `reap_expired()`
    and with a background reaper, both paced, and the latency of `try_acquire` +
-   `release` cycles on other keys while it runs vs idle. Target: p99 while reaping <= 2x
-   idle.
+   `release` cycles on other keys while it runs vs idle (idle: 5 s before and 5 s after
+   the reaping, together). Target: p99 while reaping <= 2x idle.
 
 ## This run
 
