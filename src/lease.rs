@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
 use crate::dialect::LockId;
@@ -57,7 +57,13 @@ pub(crate) struct Lease {
     pub(crate) interval: Option<Duration>,
     /// The engine's registry key.
     pub(crate) id: u64,
-    status: watch::Sender<Status>,
+    /// Behind its own lock: holders read it without touching the engine's [`Timing`].
+    status: Mutex<Status>,
+    /// Wakes `lost()` waiters at every renewal, loss and change of who renews. A plain
+    /// `Notify` rather than a `watch` channel: that one allocates a shared block with
+    /// eight wait lists per lease and wakes them all when the lease is dropped, a cost
+    /// every acquisition paid for a signal few callers wait on.
+    changed: Notify,
     timing: Mutex<Timing>,
     /// Guards sharing this lease (more than one only for a reentrant [`Owner`](crate::Owner)).
     holds: AtomicUsize,
@@ -111,7 +117,7 @@ impl Lease {
 
     /// A won lease of `table`; it counts as held from now until [`end_hold`](Self::end_hold).
     pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>, table: Arc<str>) -> Self {
-        let (status, _) = watch::channel(Status {
+        let status = Mutex::new(Status {
             expires_at: won.expires_at,
             lost: None,
         });
@@ -125,6 +131,7 @@ impl Lease {
             interval: won.interval,
             id,
             status,
+            changed: Notify::new(),
             timing: Mutex::new(Timing {
                 deadline,
                 next_renewal: won.interval.map_or(deadline, |i| won.sent_at + i),
@@ -157,8 +164,12 @@ impl Lease {
         self.timing.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn status(&self) -> MutexGuard<'_, Status> {
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn expires_at(&self) -> DateTime<Utc> {
-        self.status.borrow().expires_at
+        self.status().expires_at
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -168,7 +179,7 @@ impl Lease {
     /// Why the lease was lost, if it was. A lease nobody renews is lost once its deadline
     /// has passed.
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
-        if let Some(reason) = self.status.borrow().lost {
+        if let Some(reason) = self.status().lost {
             return Some(reason);
         }
         let lapsed = {
@@ -178,13 +189,14 @@ impl Lease {
         if lapsed {
             self.mark_lost(LostReason::Expired);
         }
-        self.status.borrow().lost
+        self.status().lost
     }
 
     /// Completes when the lease is lost; pending forever while it is held.
     pub(crate) async fn lost(&self) -> LostReason {
-        let mut status = self.status.subscribe();
         loop {
+            // Made before the status is read: a change sent after that read wakes it.
+            let changed = self.changed.notified();
             if let Some(reason) = self.lost_reason() {
                 return reason;
             }
@@ -192,15 +204,10 @@ impl Lease {
                 let timing = self.timing();
                 (timing.renewing, timing.deadline)
             };
-            // Every renewal, loss and change of who renews sends on `status`; a lease
+            // Every renewal, loss and change of who renews notifies `changed`; a lease
             // nobody renews also wakes at its deadline.
             tokio::select! {
-                changed = status.changed() => {
-                    if changed.is_err() {
-                        // The sender lives in `self`: cannot happen while we borrow it.
-                        std::future::pending::<()>().await;
-                    }
-                }
+                _ = changed => {}
                 _ = sleep_until(deadline), if !renewing => {}
             }
         }
@@ -237,13 +244,15 @@ impl Lease {
             }
             timing.next_renewal.min(timing.deadline)
         };
-        self.status.send_modify(|s| {
-            s.expires_at = if latest {
+        {
+            let mut status = self.status();
+            status.expires_at = if latest {
                 expires_at
             } else {
-                s.expires_at.min(expires_at)
+                status.expires_at.min(expires_at)
             };
-        });
+        }
+        self.changed.notify_waiters();
         due
     }
 
@@ -251,22 +260,24 @@ impl Lease {
     /// so they start (or stop) watching the deadline themselves.
     pub(crate) fn set_renewing(&self, renewing: bool) {
         self.timing().renewing = renewing;
-        self.status.send_modify(|_| {});
+        self.changed.notify_waiters();
     }
 
     /// Reports the loss once: counters, metrics, event, and every `lost()` waiter.
     pub(crate) fn mark_lost(&self, reason: LostReason) {
-        let mut first = false;
-        self.status.send_modify(|s| {
-            if s.lost.is_none() {
-                s.lost = Some(reason);
-                first = true;
-                // Before `lost()` waiters wake: what they read next includes the loss.
+        let first = {
+            let mut status = self.status();
+            let first = status.lost.is_none();
+            if first {
+                status.lost = Some(reason);
+                // Under the lock: whoever reads the loss also sees it counted.
                 metrics::failure(&self.table, Failure::Lost(reason));
                 self.end_hold();
             }
-        });
+            first
+        };
         if first {
+            self.changed.notify_waiters();
             Counters::bump(&self.counters.lost);
             tracing::warn!(key = %self.key, owner = %self.owner, fencing_token = self.fencing_token, %reason, "lock lost");
         }

@@ -83,7 +83,11 @@ impl<DB: Backend> Wakeups<DB> {
     /// Remembers that this Locker released the row with `fencing_token`: its
     /// notification, when it comes, is not news.
     pub(crate) fn released_here(&self, fencing_token: i64) {
-        if self.state.load(Ordering::Acquire) == OFF {
+        // Only a listener that was opening or open when the DELETE committed can hear its
+        // notification (one that starts later LISTENs after that commit, and PostgreSQL
+        // delivers a notification to the sessions listening at commit), so without one
+        // there is nothing to remember: the uncontended cycle skips the lock and the set.
+        if !matches!(self.state.load(Ordering::Acquire), CONNECTING | LIVE) {
             return;
         }
         let mut own = self.own();
