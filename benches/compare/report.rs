@@ -149,7 +149,8 @@ hand-written SQL share the same pool settings and the same tables.
    to split that overhead. *seeds' INSERT* is the plain `INSERT` (duplicate key = lost)
    and owner-checked `DELETE` of the tutorials, on their 3-column table: no expiry
    takeover, no fencing token. Client wake-ups = context switches (voluntary +
-   nonvoluntary) of all the bench's threads over the round, per cycle. Targets: dblock
+   nonvoluntary) of all the bench's threads over the round, per cycle. Twice the rounds
+   of the other sections (the line below), for steadier medians. Targets: dblock
    >= 0.95x hand-written in each cell, and wake-ups per cycle within +0.5 of
    hand-written.
 2. **Redis reference**: `SET NX PX` + Lua check-and-delete, one connection per task,
