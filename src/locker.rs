@@ -526,7 +526,8 @@ impl<DB: Backend> Locker<DB> {
     /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
     /// 39 times as long as the batch took (79 times on MySQL / MariaDB, whose purge
     /// deletes each row again after the commit), so other acquirers keep their pace
-    /// (100,000 expired rows took 16-33 s on PostgreSQL in the benchmark's runs).
+    /// (100,000 expired rows took 16-35 s on PostgreSQL and 34-38 s on MariaDB in the
+    /// benchmark's runs).
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or

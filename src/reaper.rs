@@ -16,8 +16,8 @@
 //! idle). MariaDB at 39 times reached 1.1-1.2% (p99 2.1-2.3x idle) because its purge
 //! doubled the work the pause was measured against, hence its 79. Reaping is
 //! housekeeping (an expired row never blocks an acquisition, it is taken over), so a
-//! backlog of 100,000 rows may take a minute or so: 16-33 s on PostgreSQL in those runs,
-//! and on MariaDB twice the 22-27 s that 39 times took.
+//! backlog of 100,000 rows may take a minute or so: 16-35 s on PostgreSQL in those runs,
+//! and 34-38 s on MariaDB at 79 times (22-27 s at 39 times).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
