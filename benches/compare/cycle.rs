@@ -378,10 +378,10 @@ fn overhead_markdown(comparisons: &[Comparison]) -> String {
          moving its nested futures (4-7 µs), allocations (1-2 µs), the engine's lease \
          list and the metrics keys (under 1 µs each); nothing over 3 µs. It also found a \
          watch channel per lease (eight wait lists, all woken at drop) and a set of own \
-         releases kept with no listener running, both since removed. The tables below time the old design's task \
-         pattern (before issue 9: a spawned task per acquisition, a watchdog task per \
-         lease, cancel-and-await on release) around one `SELECT 1`, for reference: \
-         that is the cost the engine removed.\n\n",
+         releases kept with no listener running, both since removed. The tables below \
+         time the old design's task pattern (before issue 9: a spawned task per \
+         acquisition, a watchdog task per lease, cancel-and-await on release) around one \
+         `SELECT 1`, for reference: that is the cost the engine removed.\n\n",
         table.render(),
         one_task(&locker_layer, |l| l.2),
         one_task(&locker_layer, |l| l.1),
