@@ -39,7 +39,16 @@ pub(crate) type Gate = Option<OwnedMutexGuard<()>>;
 /// How long a timed-out wait may spend reading who held the key, for its error.
 const HOLDER_READ: Duration = Duration::from_millis(500);
 
-type Statement = Pin<Box<dyn Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send>>;
+/// What the acquisition statement answered, with the key and owner it was sent for:
+/// the statement owns the only copies (it must outlive a caller that goes away), and
+/// gives them back for the lease or the clean-up.
+struct Answer {
+    outcome: Result<Option<Acquired>, sqlx::Error>,
+    key: String,
+    owner: String,
+}
+
+type Statement = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
 /// The acquisition statement in flight. Dropped before it finished (the caller's future
 /// was dropped), it hands the statement to the engine, which lets it finish and removes
@@ -47,20 +56,20 @@ type Statement = Pin<Box<dyn Future<Output = Result<Option<Acquired>, sqlx::Erro
 struct InFlight<'e, DB: Backend> {
     engine: &'e Engine<DB>,
     statement: Option<Statement>,
-    key: String,
-    owner: String,
     until: Instant,
     gate: &'e mut Gate,
 }
 
 impl<DB: Backend> InFlight<'_, DB> {
-    async fn finish(&mut self) -> Result<Option<Acquired>, sqlx::Error> {
-        let Some(statement) = self.statement.as_mut() else {
-            return Err(sqlx::Error::WorkerCrashed);
-        };
-        let outcome = statement.as_mut().await;
+    /// The statement's answer; called once, after which a drop has nothing to hand over.
+    async fn finish(&mut self) -> Answer {
+        let statement = self
+            .statement
+            .as_mut()
+            .expect("an InFlight is finished once");
+        let answer = statement.as_mut().await;
         self.statement = None;
-        outcome
+        answer
     }
 }
 
@@ -71,20 +80,20 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
         };
         let table = Arc::clone(self.engine.table());
         let policy = *self.engine.retry_policy();
-        let (key, owner, until, gate) = (
-            std::mem::take(&mut self.key),
-            std::mem::take(&mut self.owner),
-            self.until,
-            self.gate.take(),
-        );
+        let (until, gate) = (self.until, self.gate.take());
         self.engine.spawn_job(async move {
-            let token = match by(until, statement).await {
+            // Unanswered when the lease would have ended: the engine stops waiting, as
+            // for every clean-up (a row it won is expiring).
+            let Ok(answer) = tokio::time::timeout_at(until, statement).await else {
+                return drop(gate);
+            };
+            let token = match answer.outcome {
                 // Lost the race: nothing of ours to remove.
                 Ok(None) => return drop(gate),
                 Ok(Some(won)) => Some(won.fencing_token),
                 Err(_) => None,
             };
-            remove_leftover(&table, &policy, &key, &owner, token, until).await;
+            remove_leftover(&table, &policy, &answer.key, &answer.owner, token, until).await;
             drop(gate);
         });
     }
@@ -145,24 +154,33 @@ impl<DB: Backend> Engine<DB> {
                 request.owner.to_owned(),
                 request.lease,
             );
-            Box::pin(async move { table.acquire(&key, &owner, lease).await })
+            Box::pin(async move {
+                let outcome = table.acquire(&key, &owner, lease).await;
+                Answer {
+                    outcome,
+                    key,
+                    owner,
+                }
+            })
         };
         let mut in_flight = InFlight {
             engine: self,
             statement: Some(statement),
-            key: request.key.to_owned(),
-            owner: request.owner.to_owned(),
             until,
             gate,
         };
-        let outcome = in_flight.finish().await;
+        let Answer {
+            outcome,
+            key,
+            owner,
+        } = in_flight.finish().await;
         match outcome {
             Ok(Some(won)) => {
                 Counters::bump(&self.counters().acquired);
                 tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
                 Ok(Some(self.start_lease(Won {
-                    key: std::mem::take(&mut in_flight.key),
-                    owner: std::mem::take(&mut in_flight.owner),
+                    key,
+                    owner,
                     fencing_token: won.fencing_token,
                     expires_at: won.expires_at,
                     length: request.lease,
@@ -199,7 +217,6 @@ impl<DB: Backend> Engine<DB> {
                 // would have ended anyway: nobody else will ever use this owner value.
                 let table = Arc::clone(self.table());
                 let policy = *self.retry_policy();
-                let (key, owner) = (request.key.to_owned(), request.owner.to_owned());
                 self.spawn_job(async move {
                     remove_leftover(&table, &policy, &key, &owner, None, until).await;
                 });

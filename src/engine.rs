@@ -52,7 +52,7 @@ use crate::dialect::{Backend, Contention, Renewal, RowState};
 use crate::error::LostReason;
 use crate::fair::Tickets;
 use crate::lease::{Lease, Won};
-use crate::metrics;
+use crate::metrics::{self, TableMetrics};
 use crate::queue::LocalQueues;
 use crate::retry::{Retry, by, retry};
 use crate::stats::Counters;
@@ -73,8 +73,8 @@ pub(crate) struct Engine<DB: Backend> {
 
 struct Inner<DB: Backend> {
     table: Arc<LockTable<DB>>,
-    /// The table's name, shared with leases and queues for the metrics' `table` label.
-    table_name: Arc<str>,
+    /// The table's metrics, shared with leases and queues.
+    metrics: TableMetrics,
     counters: Arc<Counters>,
     retry: RetryPolicy,
     state: Mutex<State>,
@@ -134,11 +134,11 @@ impl<DB: Backend> Engine<DB> {
         listen: Listen<DB>,
         tickets: Option<Tickets>,
     ) -> Self {
-        let table_name: Arc<str> = table.name().into();
+        let metrics = TableMetrics::new(table.name());
         Engine {
             inner: Arc::new(Inner {
                 table: Arc::new(table),
-                table_name: Arc::clone(&table_name),
+                metrics: metrics.clone(),
                 counters,
                 retry,
                 state: Mutex::new(State {
@@ -156,7 +156,7 @@ impl<DB: Backend> Engine<DB> {
                 jobs: TaskTracker::new(),
                 task: Mutex::new(None),
                 started: AtomicBool::new(false),
-                queues: LocalQueues::new(table_name),
+                queues: LocalQueues::new(metrics),
                 wakeups: Wakeups::new(listen.on && DB::NOTIFIES, listen.options),
                 tickets,
             }),
@@ -167,9 +167,9 @@ impl<DB: Backend> Engine<DB> {
         &self.inner.table
     }
 
-    /// The lock table's name, shared (the metrics' `table` label).
-    pub(crate) fn table_name(&self) -> &Arc<str> {
-        &self.inner.table_name
+    /// The lock table's metrics.
+    pub(crate) fn metrics(&self) -> &TableMetrics {
+        &self.inner.metrics
     }
 
     pub(crate) fn counters(&self) -> &Counters {
@@ -243,7 +243,7 @@ impl<DB: Backend> Engine<DB> {
             won,
             id,
             Arc::clone(&inner.counters),
-            Arc::clone(&inner.table_name),
+            inner.metrics.clone(),
         ));
         let Some(interval) = lease.interval.filter(|_| !state.stopped) else {
             return lease;
@@ -324,7 +324,7 @@ impl<DB: Backend> Engine<DB> {
         let sent_at = Instant::now();
         let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
         if let Some(expires_at) = expiry {
-            metrics::renewals(&self.inner.table_name, 1);
+            metrics::renewals(&self.inner.metrics, 1);
             let due = lease.renewed(expires_at, sent_at, length);
             // A shorter lease may be due before the engine's planned wake-up.
             if lease.interval.is_some() {
@@ -571,7 +571,7 @@ impl<DB: Backend> Inner<DB> {
                 }
             }
         }
-        metrics::renewals(&self.table_name, renewed);
+        metrics::renewals(&self.metrics, renewed);
         if !lost.is_empty() {
             let mut state = self.state();
             for id in lost {

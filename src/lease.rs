@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::dialect::LockId;
 use crate::error::LostReason;
-use crate::metrics::{self, Failure};
+use crate::metrics::{self, Failure, TableMetrics};
 use crate::stats::Counters;
 
 /// What holders can observe about a lease.
@@ -73,8 +73,8 @@ pub(crate) struct Lease {
     /// A job's minimum hold: the release keeps the row until this long after the
     /// acquisition (database clock) rather than deleting it sooner.
     min_hold: std::sync::OnceLock<Duration>,
-    /// The lock table's name (the metrics' `table` label).
-    table: Arc<str>,
+    /// The lock table's metrics.
+    metrics: TableMetrics,
     /// When the acquisition statement was sent: the start of the hold time.
     acquired_at: Instant,
     /// Whether the lease stopped counting as held ([`Lease::end_hold`]).
@@ -116,13 +116,13 @@ impl Lease {
     }
 
     /// A won lease of `table`; it counts as held from now until [`end_hold`](Self::end_hold).
-    pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>, table: Arc<str>) -> Self {
+    pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>, metrics: TableMetrics) -> Self {
         let status = Mutex::new(Status {
             expires_at: won.expires_at,
             lost: None,
         });
         let deadline = won.sent_at + won.length;
-        metrics::held(&table, 1);
+        metrics::held(&metrics, 1);
         Lease {
             key: won.key,
             owner: won.owner,
@@ -145,7 +145,7 @@ impl Lease {
             counters,
             ticket: std::sync::OnceLock::new(),
             min_hold: std::sync::OnceLock::new(),
-            table,
+            metrics,
             acquired_at: won.sent_at,
             hold_ended: AtomicBool::new(false),
         }
@@ -271,7 +271,7 @@ impl Lease {
             if first {
                 status.lost = Some(reason);
                 // Under the lock: whoever reads the loss also sees it counted.
-                metrics::failure(&self.table, Failure::Lost(reason));
+                metrics::failure(&self.metrics, Failure::Lost(reason));
                 self.end_hold();
             }
             first
@@ -304,8 +304,8 @@ impl Lease {
     /// the hold time and lowers the held gauge, once.
     pub(crate) fn end_hold(&self) {
         if !self.hold_ended.swap(true, Ordering::AcqRel) {
-            metrics::held(&self.table, -1);
-            metrics::hold_time(&self.table, self.acquired_at.elapsed().as_secs_f64());
+            metrics::held(&self.metrics, -1);
+            metrics::hold_time(&self.metrics, self.acquired_at.elapsed().as_secs_f64());
         }
     }
 }

@@ -377,7 +377,7 @@ impl<DB: Backend> Locker<DB> {
         let (owner, mut gate) = (self.new_owner(), None);
         // Boxed, as in `acquire`: each wrapper below would otherwise hold a copy of it.
         let attempt = Box::pin(self.attempt(key, &owner, lease, None, &mut gate));
-        let lease = metrics::try_acquire(self.shared.engine.table_name(), key, attempt).await?;
+        let lease = metrics::try_acquire(self.shared.engine.metrics(), key, attempt).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
@@ -411,7 +411,7 @@ impl<DB: Backend> Locker<DB> {
         let won = Box::pin(engine.wait_for(key, wait, async |ticket| {
             self.attempt(key, &owner, lease, ticket, &mut None).await
         }));
-        let won = metrics::acquire(engine.table_name(), key, wait, won).await?;
+        let won = metrics::acquire(engine.metrics(), key, wait, won).await?;
         Ok(self.guard(won))
     }
 

@@ -81,8 +81,7 @@ impl<DB: Backend> Owner<DB> {
         validate_lease(lease)?;
         // Boxed, as in `Locker::try_acquire`: each wrapper would otherwise hold a copy.
         let attempt = Box::pin(self.attempt(key, lease, None));
-        let won =
-            metrics::try_acquire(self.locker.shared.engine.table_name(), key, attempt).await?;
+        let won = metrics::try_acquire(self.locker.shared.engine.metrics(), key, attempt).await?;
         Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
@@ -108,7 +107,7 @@ impl<DB: Backend> Owner<DB> {
             let attempt = async |ticket| self.attempt(key, lease, ticket).await;
             engine.wait_for(key, wait, attempt).await
         });
-        let won = metrics::acquire(engine.table_name(), key, wait, won).await?;
+        let won = metrics::acquire(engine.metrics(), key, wait, won).await?;
         Ok(self.locker.guard(won))
     }
 

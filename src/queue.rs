@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use crate::metrics;
+use crate::metrics::{self, TableMetrics};
 
 /// The queues of one Locker, by key.
 pub(crate) struct LocalQueues {
@@ -21,8 +21,8 @@ pub(crate) struct LocalQueues {
     /// waiting (the usual case) reads this instead of taking the lock.
     waiters: AtomicUsize,
     next_id: AtomicU64,
-    /// The lock table's name (the waiters gauge's `table` label).
-    table: Arc<str>,
+    /// The lock table's metrics (the waiters gauge).
+    metrics: TableMetrics,
 }
 
 struct Waiter {
@@ -59,12 +59,12 @@ pub(crate) struct Place<'q> {
 
 impl LocalQueues {
     /// No waiters yet, for a Locker on `table`.
-    pub(crate) fn new(table: Arc<str>) -> Self {
+    pub(crate) fn new(metrics: TableMetrics) -> Self {
         LocalQueues {
             keys: Mutex::default(),
             waiters: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
-            table,
+            metrics,
         }
     }
 
@@ -87,7 +87,7 @@ impl LocalQueues {
     /// once however its wait ends (won, timed out, failed, cancelled): the waiters gauge
     /// moves at those two places only.
     fn join_as(&self, key: &str, fair: bool) -> Place<'_> {
-        metrics::waiters(&self.table, 1);
+        metrics::waiters(&self.metrics, 1);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Turn::default();
         let mut keys = self.keys();
@@ -169,7 +169,7 @@ impl Place<'_> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        metrics::waiters(&self.queues.table, -1);
+        metrics::waiters(&self.queues.metrics, -1);
         let mut keys = self.queues.keys();
         let Some(queue) = keys.get_mut(&self.key) else {
             return;
@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn the_turn_passes_in_arrival_order_and_skips_who_left() {
-        let queues = LocalQueues::new("t".into());
+        let queues = LocalQueues::new(TableMetrics::new("t"));
         let first = queues.join("k");
         let second = queues.join("k");
         let third = queues.join("k");

@@ -70,16 +70,18 @@ pub(crate) async fn by<T>(
 /// calls the caller's own async closure, which only a plain loop can borrow; one races
 /// its pauses against a signal).
 pub(crate) struct Backoff {
-    delays: Box<dyn Iterator<Item = std::time::Duration> + Send>,
-    max: std::time::Duration,
+    policy: RetryPolicy,
+    /// The policy's delays, made at the first pause: most statements never pause, and
+    /// making them is an allocation (two an uncontended `try_acquire` + `release`).
+    delays: Option<Box<dyn Iterator<Item = std::time::Duration> + Send>>,
     deadline: Instant,
 }
 
 impl Backoff {
     pub(crate) fn new(policy: &RetryPolicy, deadline: Instant) -> Self {
         Backoff {
-            delays: Box::new(policy.delays()),
-            max: policy.max,
+            policy: *policy,
+            delays: None,
             deadline,
         }
     }
@@ -100,7 +102,7 @@ impl Backoff {
     /// half of it), cut short at the deadline: the sleep of a waiter that expects to be
     /// woken and only guards against a wake-up that never comes.
     pub(crate) fn longest(&self) -> std::time::Duration {
-        let max = self.max;
+        let max = self.policy.max;
         let pause = max.mul_f64(0.5 + fastrand::f64() / 2.0);
         pause.min(self.deadline.saturating_duration_since(Instant::now()))
     }
@@ -109,7 +111,9 @@ impl Backoff {
     pub(crate) fn next_pause(&mut self) -> Option<std::time::Duration> {
         let now = Instant::now();
         (now < self.deadline).then(|| {
+            let policy = &self.policy;
             self.delays
+                .get_or_insert_with(|| Box::new(policy.delays()))
                 .next()
                 .unwrap_or_default()
                 .min(self.deadline - now)
