@@ -663,9 +663,11 @@ impl<DB: Backend> Inner<DB> {
         };
         // A batch that includes this lease may be in flight: let it land first, so that
         // no renewal of ours reaches the database after the DELETE.
+        // (Boxed, as the minimum hold's statement below: rare, and held inline they
+        // would grow every release's future, which is copied on each move.)
         if in_pass > *self.passes_done.borrow() {
             let mut done = self.passes_done.subscribe();
-            done.wait_for(|done| *done >= in_pass).await.ok();
+            Box::pin(done.wait_for(|done| *done >= in_pass)).await.ok();
         }
         let outcome = retry(&self.retry, lease.deadline(), |_| async {
             match self.release_once(lease).await {
@@ -715,7 +717,7 @@ impl<DB: Backend> Inner<DB> {
     /// the answer's second half; the row counts as released, not expired).
     async fn release_once(&self, lease: &Lease) -> Result<(Option<bool>, bool), sqlx::Error> {
         if let Some(min_hold) = lease.min_hold()
-            && self.table.keep_min_hold(lease.lock_id(), min_hold).await?
+            && Box::pin(self.table.keep_min_hold(lease.lock_id(), min_hold)).await?
         {
             return Ok((Some(false), true));
         }

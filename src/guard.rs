@@ -160,7 +160,7 @@ impl<DB: Backend> LockGuard<DB> {
             return Ok(());
         }
         self.hold = Hold::Ending;
-        metrics::in_span(span, self.end_lease(), metrics::release_outcome).await
+        metrics::in_span(span, || self.end_lease(), metrics::release_outcome).await
     }
 
     /// The release of the last hold: renewal stops, the row goes.

@@ -217,18 +217,22 @@ impl TableMetrics {
 /// Runs `op` inside `span` and records its `outcome` field from what `op` returned (see
 /// the module docs: the convention for every span of the crate). `span` must have been
 /// made on the caller's task, before this is awaited.
-pub(crate) async fn in_span<T>(
+///
+/// `op` makes the future where it is awaited: a future passed in by value is stored
+/// twice by an async fn (as its argument, and as what it awaits), so `release`'s was
+/// twice the size of its work, and copied whole on each move.
+pub(crate) async fn in_span<F: Future>(
     span: Span,
-    op: impl Future<Output = T>,
-    outcome: impl FnOnce(&T) -> &'static str,
-) -> T {
+    op: impl FnOnce() -> F,
+    outcome: impl FnOnce(&F::Output) -> &'static str,
+) -> F::Output {
     // A disabled span (no subscriber wants it) is not entered at each poll: entering and
     // leaving one does nothing a subscriber sees, and cost about 1,000 instructions an
     // uncontended `try_acquire` + `release` (callgrind).
     let done = if span.is_disabled() {
-        op.await
+        op().await
     } else {
-        op.instrument(span.clone()).await
+        op().instrument(span.clone()).await
     };
     span.record("outcome", outcome(&done));
     done
@@ -271,7 +275,7 @@ async fn acquisition<T>(
         table = metrics.table(),
         outcome = tracing::field::Empty
     );
-    let acquired = in_span(span, op, |acquired| outcome(acquired).as_str()).await;
+    let acquired = in_span(span, || op, |acquired| outcome(acquired).as_str()).await;
     let outcome = outcome(&acquired);
     acquire_time(metrics, outcome, started.elapsed().as_secs_f64());
     match outcome {
