@@ -39,9 +39,9 @@ pub(crate) type Gate = Option<OwnedMutexGuard<()>>;
 /// How long a timed-out wait may spend reading who held the key, for its error.
 const HOLDER_READ: Duration = Duration::from_millis(500);
 
-/// What the acquisition statement answered, with the key and owner it was sent for:
-/// the statement owns the only copies (it must outlive a caller that goes away), and
-/// gives them back for the lease or the clean-up.
+/// What the acquisition statement answered, with the key and owner it was sent for: the
+/// statement owns copies of them (it must outlive a caller that goes away) and gives them
+/// back for the lease.
 struct Answer {
     outcome: Result<Option<Acquired>, sqlx::Error>,
     key: String,
@@ -56,6 +56,10 @@ type Statement = Pin<Box<dyn Future<Output = Answer> + Send>>;
 struct InFlight<'e, DB: Backend> {
     engine: &'e Engine<DB>,
     statement: Option<Statement>,
+    /// The caller's, copied only if the statement is handed over (for the clean-up's
+    /// warning when it cannot be done).
+    key: &'e str,
+    owner: &'e str,
     until: Instant,
     gate: &'e mut Gate,
 }
@@ -80,20 +84,27 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
         };
         let table = Arc::clone(self.engine.table());
         let policy = *self.engine.retry_policy();
+        let (key, owner) = (self.key.to_owned(), self.owner.to_owned());
         let (until, gate) = (self.until, self.gate.take());
         self.engine.spawn_job(async move {
-            // Unanswered when the lease would have ended: the engine stops waiting, as
-            // for every clean-up (a row it won is expiring).
-            let Ok(answer) = tokio::time::timeout_at(until, statement).await else {
-                return drop(gate);
-            };
-            let token = match answer.outcome {
+            let token = match tokio::time::timeout_at(until, statement).await {
                 // Lost the race: nothing of ours to remove.
-                Ok(None) => return drop(gate),
-                Ok(Some(won)) => Some(won.fencing_token),
-                Err(_) => None,
+                Ok(Answer {
+                    outcome: Ok(None), ..
+                }) => return drop(gate),
+                Ok(Answer {
+                    outcome: Ok(Some(won)),
+                    ..
+                }) => Some(won.fencing_token),
+                // No answer (an error, or none by the time the lease would have ended):
+                // whatever row this owner holds goes, while there is time; past the
+                // deadline the clean-up says it could not be done, and the row expires.
+                Ok(Answer {
+                    outcome: Err(_), ..
+                })
+                | Err(_) => None,
             };
-            remove_leftover(&table, &policy, &answer.key, &answer.owner, token, until).await;
+            remove_leftover(&table, &policy, &key, &owner, token, until).await;
             drop(gate);
         });
     }
@@ -169,6 +180,8 @@ impl<DB: Backend> Engine<DB> {
         let mut in_flight = InFlight {
             engine: self,
             statement: Some(statement),
+            key: request.key,
+            owner: request.owner,
             until,
             gate,
         };

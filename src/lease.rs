@@ -115,7 +115,8 @@ impl Lease {
         self.min_hold.get().copied()
     }
 
-    /// A won lease of `table`; it counts as held from now until [`end_hold`](Self::end_hold).
+    /// A won lease, recorded in `metrics`; it counts as held from now until
+    /// [`end_hold`](Self::end_hold).
     pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>, metrics: TableMetrics) -> Self {
         let status = Mutex::new(Status {
             expires_at: won.expires_at,

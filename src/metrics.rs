@@ -22,10 +22,11 @@
 //! 1. Make the span at the start of the call, on the caller's task, so that its parent is
 //!    the caller's current span: `tracing::info_span!("<name>", key, table, outcome =
 //!    tracing::field::Empty)`.
-//! 2. Run the call's future through [`in_span`], which enters the span at every poll (the
-//!    crate's events inside nest under it) and records `outcome`, a word from the README's
-//!    table, once the future is done. A call whose future is dropped leaves `outcome`
-//!    empty, and records no metric.
+//! 2. Run the call through [`in_span`] (given a closure that makes its future), which
+//!    enters the span at every poll if a subscriber wants it (the crate's events inside
+//!    nest under it) and records `outcome`, a word from the README's table, once the
+//!    future is done. A call whose future is dropped leaves `outcome` empty, and records
+//!    no metric.
 
 // Without the feature the names, and the labels' words, are left unused.
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]

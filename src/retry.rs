@@ -72,7 +72,7 @@ pub(crate) async fn by<T>(
 pub(crate) struct Backoff {
     policy: RetryPolicy,
     /// The policy's delays, made at the first pause: most statements never pause, and
-    /// making them is an allocation (two an uncontended `try_acquire` + `release`).
+    /// making them is an allocation (three an uncontended `try_acquire` + `release`).
     delays: Option<Box<dyn Iterator<Item = std::time::Duration> + Send>>,
     deadline: Instant,
 }
