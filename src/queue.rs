@@ -58,7 +58,7 @@ pub(crate) struct Place<'q> {
 }
 
 impl LocalQueues {
-    /// No waiters yet, for a Locker on `table`.
+    /// No waiters yet; the waiters gauge is recorded in `metrics`.
     pub(crate) fn new(metrics: TableMetrics) -> Self {
         LocalQueues {
             keys: Mutex::default(),
