@@ -241,12 +241,15 @@ async fn run_ticks<DB: TestBackend>(
             for tick in 0..ticks {
                 let late = Duration::from_millis(100 * u64::from((n as u32 + tick) % WORKERS));
                 sleep_until(start + TICK * tick + late).await;
-                let mut job = locker
-                    .job("every-second")
-                    .lock_at_most_for(Duration::from_secs(10));
+                // The bound is a lease that never runs out in a test. With 10 s a CI run
+                // once failed here with `LockLost(Expired)`: the work takes 50 ms and the
+                // lease is not renewed, so only a stall about that long (of the server
+                // before the DELETE, or of the acquisition's reply) can end it.
+                let mut job = locker.job("every-second").lock_at_most_for(LONG);
                 if let Some(at_least) = at_least {
                     job = job.lock_at_least_for(at_least);
                 }
+                let began = Instant::now();
                 let ran = job
                     .run(async |_| {
                         // The job's own work (holding is the point).
@@ -254,7 +257,12 @@ async fn run_ticks<DB: TestBackend>(
                         Ok::<_, Error>(())
                     })
                     .await
-                    .unwrap();
+                    .unwrap_or_else(|err| {
+                        panic!(
+                            "node {n}, tick {tick}: the run failed after {:?}: {err:?}",
+                            began.elapsed()
+                        )
+                    });
                 if ran.is_some() {
                     counts[tick as usize].fetch_add(1, Ordering::SeqCst);
                 }
