@@ -495,14 +495,17 @@ impl<DB: Backend> Locker<DB> {
     }
 
     /// One acquisition attempt with an owner value chosen by the caller (validated input).
-    pub(crate) async fn attempt(
-        &self,
-        key: &str,
-        owner: &str,
+    ///
+    /// The engine's future itself, not awaited in an async fn of its own (one state
+    /// machine fewer to poll through and to copy).
+    pub(crate) fn attempt<'a>(
+        &'a self,
+        key: &'a str,
+        owner: &'a str,
         lease: Duration,
         ticket: Option<i64>,
-        gate: &mut crate::acquire::Gate,
-    ) -> Result<Option<Arc<Lease>>> {
+        gate: &'a mut crate::acquire::Gate,
+    ) -> impl Future<Output = Result<Option<Arc<Lease>>>> + 'a {
         let renew = self
             .auto_renew
             .then(|| self.shared.renew_interval.min(lease / 3));
@@ -513,7 +516,7 @@ impl<DB: Backend> Locker<DB> {
             renew,
             ticket,
         };
-        self.shared.engine.attempt(request, gate).await
+        self.shared.engine.attempt(request, gate)
     }
 
     /// A guard on a won lease.
