@@ -25,8 +25,8 @@
 //! 2. Run the call through [`in_span`] (given a closure that makes its future), which
 //!    enters the span at every poll if a subscriber wants it (the crate's events inside
 //!    nest under it) and records `outcome`, a word from the README's table, once the
-//!    future is done (for a disabled span, neither). A call whose future is dropped leaves `outcome` empty, and records
-//!    no metric.
+//!    future is done (a disabled span is neither entered nor recorded). A call whose
+//!    future is dropped leaves `outcome` empty, and records no metric.
 
 // Without the feature the names, and the labels' words, are left unused.
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -215,9 +215,9 @@ impl TableMetrics {
     }
 }
 
-/// Runs `op` inside `span` and records its `outcome` field from what `op` returned (see
-/// the module docs: the convention for every span of the crate). `span` must have been
-/// made on the caller's task, before this is awaited.
+/// Runs `op` inside `span` and records its `outcome` field from what `op` returned, if a
+/// subscriber wants the span (see the module docs: the convention for every span of the
+/// crate). `span` must have been made on the caller's task, before this is awaited.
 ///
 /// `op` makes the future where it is awaited: a future passed in by value is stored
 /// twice by an async fn (as its argument, and as what it awaits), so `release`'s was
