@@ -28,11 +28,25 @@
 //! ends) holds up the whole batch, not only its own lease: keep such transactions short
 //! against the lease.
 //!
+//! # Background releases
+//! A guard dropped without `release()` (or whose release failed) hands its lease to the
+//! engine, which deletes the rows of every such lease in one owner- and token-checked
+//! statement per pass ([`LockTable::release_batch`]), retrying a failed batch with the
+//! retry policy's backoff until each lease's deadline (after it the row has expired and
+//! anyone may take it over). Ten thousand guards dropped at once are a handful of
+//! statements, not ten thousand. A lease with a job's minimum hold is released on its
+//! own (its row is kept, not deleted).
+//!
+//! Renewal and background releases run on the engine's own connection, outside the
+//! application's pool (see [`crate::table`]): a busy pool cannot make a held lease miss
+//! its deadline.
+//!
 //! # Life cycle
-//! The engine's task starts with the first renewed lease and stops when the Locker (its
-//! last clone and last guard) is dropped, or at [`Engine::shutdown`]. Stopping ends
-//! renewal (held leases then lapse at their deadline and say so through `lost()`) and
-//! waits for the background releases, each bounded by its lease's deadline.
+//! The engine's task starts with the first renewed lease (or background release) and
+//! stops when the Locker (its last clone and last guard) is dropped, or at
+//! [`Engine::shutdown`]. Stopping ends renewal (held leases then lapse at their deadline
+//! and say so through `lost()`) and first finishes the background releases, each bounded
+//! by its lease's deadline.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -48,7 +62,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{RetryPolicy, micros};
-use crate::dialect::{Backend, Contention, Renewal, RowState};
+use crate::dialect::{Backend, Contention, LockId, Renewal, RowState};
 use crate::error::LostReason;
 use crate::fair::Tickets;
 use crate::lease::{Lease, Won};
@@ -117,6 +131,10 @@ struct State {
     idle_wakes: u32,
     pass: u64,
     stopped: bool,
+    /// Leases given up without a release, for the next batched release.
+    releasing: Vec<Arc<Lease>>,
+    /// When the next batched release may be sent: after a failed one, its backoff.
+    release_at: Option<Instant>,
 }
 
 /// Whether the engine's task must be woken for a lease due at `due`: only when that is
@@ -152,6 +170,8 @@ impl<DB: Backend> Engine<DB> {
                     idle_wakes: 0,
                     pass: 0,
                     stopped: false,
+                    releasing: Vec::new(),
+                    release_at: None,
                 }),
                 wake: Notify::new(),
                 passes_done: watch::channel(0).0,
@@ -220,7 +240,7 @@ impl<DB: Backend> Engine<DB> {
             let job = Arc::clone(inner);
             self.spawn_job(async move {
                 if let Some(tickets) = &job.tickets {
-                    tickets.renew(&job.table, &job.stop).await;
+                    tickets.run(&job.table, &job.retry, &job.stop).await;
                 }
             });
         }
@@ -298,23 +318,34 @@ impl<DB: Backend> Engine<DB> {
     }
 
     /// [`release`](Self::release) for callers nobody waits on (dropped guards, failed
-    /// releases): run by the engine, retrying failures until the lease's deadline; after
-    /// that the row has expired and anyone may take it over.
+    /// releases): queued for the engine's next batched release (see the module docs),
+    /// retried until the lease's deadline; after that the row has expired and anyone may
+    /// take it over. A lease with a minimum hold, or one given up after the engine
+    /// stopped, is released on its own.
     pub(crate) fn release_in_background(&self, lease: Arc<Lease>) {
-        let inner = Arc::clone(&self.inner);
-        self.spawn_job(async move {
-            let (engine, held) = (&*inner, &*lease);
-            let deadline = held.deadline();
-            let released = retry(&engine.retry, deadline, |_| async move {
-                by(deadline, engine.release(held))
-                    .await
-                    .map_err(Retry::Again)
-            })
-            .await;
-            if let Err(err) = released {
-                tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+        if lease.min_hold().is_none() {
+            let mut state = self.inner.state();
+            // Once told to stop, the engine's task takes no more: it may have sent its
+            // last batch already.
+            if !state.stopped && !self.inner.stop.is_cancelled() {
+                state.leases.remove(&lease.id);
+                {
+                    let mut timing = lease.timing();
+                    timing.renewing = false;
+                    timing.ended = true;
+                }
+                state.releasing.push(lease);
+                let due = state.release_at.unwrap_or_else(Instant::now);
+                let wake = plan_wake(&mut state, due);
+                drop(state);
+                self.ensure_started();
+                if wake {
+                    self.inner.wake.notify_one();
+                }
+                return;
             }
-        });
+        }
+        Arc::clone(&self.inner).release_alone(lease);
     }
 
     /// Sets the lease to end `length` from now (database clock) if the row is still ours
@@ -347,14 +378,7 @@ impl<DB: Backend> Engine<DB> {
 
     /// Runs `job` in the background, owned by the engine: stopping the engine waits for it.
     pub(crate) fn spawn_job(&self, job: impl Future<Output = ()> + Send + 'static) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(self.inner.jobs.track_future(job));
-            }
-            Err(_) => {
-                tracing::warn!("no tokio runtime: background lock work dropped; leases will expire")
-            }
-        }
+        self.inner.spawn_job(job);
     }
 
     /// Stops renewal and waits until the engine's task and its background work are done.
@@ -386,7 +410,8 @@ struct StopRenewing<'a, DB: Backend>(&'a Inner<DB>);
 
 impl<DB: Backend> Drop for StopRenewing<'_, DB> {
     fn drop(&mut self) {
-        self.0.stop_renewing();
+        // Leases still waiting for a batch lapse at their deadlines (no task to send it).
+        drop(self.0.stop_renewing());
     }
 }
 
@@ -404,12 +429,44 @@ impl<DB: Backend> Inner<DB> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// See [`Engine::spawn_job`].
+    fn spawn_job(&self, job: impl Future<Output = ()> + Send + 'static) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(self.jobs.track_future(job));
+            }
+            Err(_) => {
+                tracing::warn!("no tokio runtime: background lock work dropped; leases will expire")
+            }
+        }
+    }
+
+    /// Releases one lease in a background job of its own (outside the batches), retrying
+    /// failures until its deadline.
+    fn release_alone(self: Arc<Self>, lease: Arc<Lease>) {
+        let inner = Arc::clone(&self);
+        self.spawn_job(async move {
+            let (engine, held) = (&*inner, &*lease);
+            let deadline = held.deadline();
+            let released = retry(&engine.retry, deadline, |_| async move {
+                by(deadline, engine.release(held))
+                    .await
+                    .map_err(Retry::Again)
+            })
+            .await;
+            if let Err(err) = released {
+                tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+            }
+        });
+    }
+
     async fn run(self: Arc<Self>) {
         // However the task ends (stopped, panicked, or dropped with its runtime), its
         // leases stop counting on it: they lapse at their deadlines and say so, and no
         // release waits for a pass that will never come.
         let _stopped = StopRenewing(&self);
         let mut backoff: Backoff = Box::new(self.retry.delays());
+        let mut release_backoff: Backoff = Box::new(self.retry.delays());
         loop {
             let planned = self.plan();
             let sleep = async {
@@ -425,28 +482,46 @@ impl<DB: Backend> Inner<DB> {
                 _ = sleep => {}
             }
             self.pass(&mut backoff).await;
+            self.release_due(&mut release_backoff).await;
+        }
+        // Leases given up before the stop still go, each until its deadline.
+        loop {
+            let next = self.state().release_at;
+            if let Some(at) = next {
+                sleep_until(at).await;
+            }
+            if !self.release_due(&mut release_backoff).await {
+                break;
+            }
         }
         self.finish().await;
     }
 
     /// Ends renewal of every lease (they lapse at their deadlines) and waits for the
     /// background jobs.
-    async fn finish(&self) {
-        self.stop_renewing();
+    async fn finish(self: &Arc<Self>) {
+        // Leases given up while the task was stopping (or with no task at all) go one
+        // by one, as jobs this waits for.
+        for lease in self.stop_renewing() {
+            Arc::clone(self).release_alone(lease);
+        }
         self.jobs.close();
         self.jobs.wait().await;
     }
 
-    fn stop_renewing(&self) {
-        let leases: Vec<Arc<Lease>> = {
+    /// Ends renewal; the leases still waiting for a batched release, if any.
+    fn stop_renewing(&self) -> Vec<Arc<Lease>> {
+        let (leases, releasing) = {
             let mut state = self.state();
             state.stopped = true;
-            state.leases.drain().map(|(_, lease)| lease).collect()
+            let leases: Vec<Arc<Lease>> = state.leases.drain().map(|(_, lease)| lease).collect();
+            (leases, std::mem::take(&mut state.releasing))
         };
         for lease in leases {
             lease.set_renewing(false);
         }
         self.passes_done.send_replace(u64::MAX);
+        releasing
     }
 
     /// When to wake next: the earliest renewal or deadline; an idle engine keeps the last
@@ -461,6 +536,12 @@ impl<DB: Backend> Inner<DB> {
                 timing.next_renewal.min(timing.deadline)
             })
             .min();
+        let releases =
+            (!state.releasing.is_empty()).then(|| state.release_at.unwrap_or_else(Instant::now));
+        let earliest = match (earliest, releases) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let planned = match earliest {
             Some(at) => Some(at),
             None if state.idle_wakes < IDLE_WAKES => {
@@ -499,7 +580,7 @@ impl<DB: Backend> Inner<DB> {
         };
         for (lease, failing) in lapsed {
             let reason = if failing {
-                LostReason::Unreachable
+                self.unreachable()
             } else {
                 LostReason::Expired
             };
@@ -605,6 +686,16 @@ impl<DB: Backend> Inner<DB> {
         }
     }
 
+    /// Why a lease whose renewal kept failing until its deadline is lost: the database
+    /// gave no answer, or answered by refusing the engine its connection.
+    fn unreachable(&self) -> LostReason {
+        if self.table.engine_connection_refused() {
+            LostReason::NoConnection
+        } else {
+            LostReason::Unreachable
+        }
+    }
+
     /// Stops renewing the leases of `batch` that were declared lost.
     fn forget_lost(&self, batch: &[Arc<Lease>]) {
         let mut state = self.state();
@@ -645,7 +736,7 @@ impl<DB: Backend> Inner<DB> {
             let now = Instant::now();
             let lapsed = pending.partition_point(|(deadline, _)| *deadline <= now);
             for (_, lease) in &pending[..lapsed] {
-                lease.mark_lost(LostReason::Unreachable);
+                lease.mark_lost(self.unreachable());
             }
             pending = &pending[lapsed..];
         }
@@ -696,6 +787,14 @@ impl<DB: Backend> Inner<DB> {
             self.queues.released(&lease.key);
         }
         let (deleted, _) = outcome?;
+        self.settle(lease, deleted, kept);
+        Ok(deleted)
+    }
+
+    /// Records what a release found, once its statement answered: `deleted` is
+    /// `Some(expired)` when our row went, `None` when it was not ours any more; `kept`
+    /// when the row stays for a job's minimum hold.
+    fn settle(&self, lease: &Lease, deleted: Option<bool>, kept: bool) {
         // The release may be the first to see that the lease is gone (a guard that was not
         // renewed, a row deleted since the last renewal): a loss like any other, counted
         // and reported once.
@@ -712,7 +811,69 @@ impl<DB: Backend> Inner<DB> {
             self.wakeups.released_here(lease.fencing_token);
         }
         tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), kept, "lock released");
-        Ok(deleted)
+    }
+
+    /// Sends one batched release for every lease given up without a release, if its time
+    /// has come (see the module docs). A failed batch is tried again after the backoff's
+    /// next pause, without the leases whose deadline has passed meanwhile. Whether
+    /// leases are still waiting to be released.
+    async fn release_due(&self, backoff: &mut Backoff) -> bool {
+        let now = Instant::now();
+        let mut batch = {
+            let mut state = self.state();
+            if state.releasing.is_empty() || state.release_at.is_some_and(|at| at > now) {
+                return !state.releasing.is_empty();
+            }
+            std::mem::take(&mut state.releasing)
+        };
+        let (live, lapsed): (Vec<_>, Vec<_>) =
+            batch.drain(..).partition(|lease| now < lease.deadline());
+        for lease in lapsed {
+            tracing::warn!(key = %lease.key, owner = %lease.owner, "background release failed until the lease's deadline; the row will expire");
+            lease.end_hold();
+            self.queues.released(&lease.key);
+        }
+        let mut batch = live;
+        if batch.is_empty() {
+            return !self.state().releasing.is_empty();
+        }
+        // In key order: two batches (or a batch and a renewal) lock rows in one order.
+        batch.sort_by(|a, b| a.key.cmp(&b.key));
+        let ids: Vec<LockId<'_>> = batch.iter().map(|lease| lease.lock_id()).collect();
+        // Bounded by the batch's last deadline, and by the first deadline of a lease the
+        // engine renews: the statement shares the engine's connection with renewal.
+        let last = batch.iter().map(|lease| lease.deadline()).max();
+        let renewing = self.state().leases.values().map(|l| l.deadline()).min();
+        let bound = last.into_iter().chain(renewing).min().unwrap_or(now);
+        Counters::bump(&self.counters.release_batches);
+        match by(bound, self.table.release_batch(&ids)).await {
+            Ok(rows) => {
+                *backoff = Box::new(self.retry.delays());
+                let released: HashMap<(&str, i64), bool> = rows
+                    .iter()
+                    .map(|row| ((row.key.as_str(), row.fencing_token), row.expired))
+                    .collect();
+                for lease in &batch {
+                    lease.end_hold();
+                    self.queues.released(&lease.key);
+                    let deleted = released.get(&(lease.key.as_str(), lease.fencing_token));
+                    self.settle(lease, deleted.copied(), false);
+                }
+                drop(ids);
+                let mut state = self.state();
+                state.release_at = None;
+                !state.releasing.is_empty()
+            }
+            Err(err) => {
+                tracing::debug!(table = %self.table.name(), leases = batch.len(), error = %err, "batched release failed; retrying until each lease's deadline");
+                let retry_at = Instant::now() + backoff.next().unwrap_or_default();
+                drop(ids);
+                let mut state = self.state();
+                state.release_at = Some(retry_at);
+                state.releasing.extend(batch);
+                true
+            }
+        }
     }
 
     /// One release statement: the owner-checked DELETE, or, for a lease with a minimum

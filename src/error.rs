@@ -15,8 +15,14 @@ pub enum LostReason {
     /// The row is gone, or was deleted while the lease lived and the key taken anew:
     /// force-released by an operator, deleted by hand, or reaped.
     Deleted,
-    /// The database could not be reached until the lease's own deadline passed.
+    /// The database could not be reached until the lease's own deadline passed: the
+    /// renewal got no answer (or an I/O error).
     Unreachable,
+    /// The database answered, but refused the lease engine a connection until the
+    /// lease's deadline passed (for example: its connection limit was reached). The
+    /// engine renews on a connection of its own, outside the application's pool; see
+    /// the README, "Connections".
+    NoConnection,
 }
 
 impl std::fmt::Display for LostReason {
@@ -26,6 +32,9 @@ impl std::fmt::Display for LostReason {
             LostReason::TakenOver => "another owner took the lock over",
             LostReason::Deleted => "the lock row was deleted",
             LostReason::Unreachable => "the database was unreachable until the lease ended",
+            LostReason::NoConnection => {
+                "the database refused the lease engine a connection until the lease ended"
+            }
         })
     }
 }
@@ -130,6 +139,23 @@ pub enum Error {
         /// What the database said.
         #[source]
         source: sqlx::Error,
+    },
+    /// A table of the configured name exists but is not of dblock's shape: a column
+    /// dblock needs is missing (a table of that name made by something else, or by hand
+    /// with fewer columns). Nothing was written.
+    #[error(
+        "lock table {table:?} exists but has no column {column:?}, so it was not made by \
+         Locker::migrate(): name another table (LockerBuilder::table), or rename that one \
+         and run Locker::migrate() ({source})"
+    )]
+    SchemaMismatch {
+        /// The table's name.
+        table: String,
+        /// The column the database said is missing.
+        column: String,
+        /// What the database (or the migration) said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A connection pooler between dblock and PostgreSQL hands one client's prepared
     /// statements to another: PgBouncer before 1.21 in transaction mode, or 1.21+ with

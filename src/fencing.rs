@@ -16,6 +16,12 @@ impl<DB: Backend> LockGuard<DB> {
     /// while `tx` is open, the next holder's acquisition waits for `tx` to end, so its
     /// writes come after yours.
     ///
+    /// The row stays locked until `tx` ends, live lease or not: an acquisition attempt
+    /// on this key from anywhere waits for `tx` (so a rival's `try_acquire` can take as
+    /// long as your transaction; on MySQL/MariaDB at most `innodb_lock_wait_timeout`),
+    /// and so does the batched renewal of every lease of this guard's Locker. Keep such
+    /// transactions short against the lease.
+    ///
     /// `tx` must be on the database that holds the lock table. PostgreSQL locks the row
     /// `FOR SHARE`, MySQL/MariaDB `LOCK IN SHARE MODE`; on SQLite the check is a write that
     /// changes nothing, which takes the database's write lock (begin `tx` with

@@ -21,10 +21,11 @@ use crate::metrics;
 ///
 /// # Drop
 /// Dropping a guard that was not released stops its renewal and hands the `DELETE` to the
-/// Locker's engine, which runs it at once in the background, retrying failed deletes until
-/// the lease would have ended anyway. That release is best effort and not awaited: if it
-/// cannot run (no runtime, database unreachable) the lease simply expires at
-/// [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
+/// Locker's engine, which sends it at once in the background, in one statement with every
+/// other guard dropped meanwhile (owner- and token-checked row by row), retrying a failed
+/// one until the lease would have ended anyway. That release is best effort and not
+/// awaited: if it cannot run (no runtime, database unreachable) the lease simply expires
+/// at [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
 #[must_use = "the lock is released as soon as the guard is dropped; keep it and call release().await"]
 pub struct LockGuard<DB: Backend> {
     locker: Arc<Shared<DB>>,

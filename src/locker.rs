@@ -44,9 +44,12 @@ pub(crate) struct Shared<DB: Backend> {
 /// Every Locker has one background task, started with its first renewed lease, that
 /// renews all leases held through the Locker (its clones, guards and [`Owner`]s) in
 /// batched statements: one batch per renewal interval in the steady state, whatever the
-/// number of guards (a batch is one statement for up to 10,000 leases, plus, on
-/// MySQL/MariaDB and SQLite, a read-back when a lease was lost). It stops when the last clone and the last
-/// guard are dropped, or at [`Locker::shutdown`].
+/// number of guards (a batch is one statement for up to 10,000 leases, plus a read-back
+/// when a lease was lost), and deletes the rows of guards dropped without
+/// [`release`](LockGuard::release) in batches too. Its statements run on one connection
+/// of its own, outside the pool (an idle one detached from the pool, or a new one, when
+/// it first has work), so the application's use of the pool cannot delay a renewal. It stops when
+/// the last clone and the last guard are dropped, or at [`Locker::shutdown`].
 pub struct Locker<DB: Backend> {
     pub(crate) shared: Arc<Shared<DB>>,
     auto_renew: bool,

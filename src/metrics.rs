@@ -127,12 +127,13 @@ pub(crate) enum Failure {
 
 impl Failure {
     /// Every failure (the index of [`TableMetrics`]' keys, see [`index`](Self::index)).
-    const ALL: [Failure; 6] = [
+    const ALL: [Failure; 7] = [
         Failure::Timeout,
         Failure::Lost(LostReason::Expired),
         Failure::Lost(LostReason::TakenOver),
         Failure::Lost(LostReason::Deleted),
         Failure::Lost(LostReason::Unreachable),
+        Failure::Lost(LostReason::NoConnection),
         Failure::Error,
     ];
 
@@ -144,7 +145,8 @@ impl Failure {
             Failure::Lost(LostReason::TakenOver) => 2,
             Failure::Lost(LostReason::Deleted) => 3,
             Failure::Lost(LostReason::Unreachable) => 4,
-            Failure::Error => 5,
+            Failure::Lost(LostReason::NoConnection) => 5,
+            Failure::Error => 6,
         }
     }
 
@@ -155,6 +157,7 @@ impl Failure {
             Failure::Lost(LostReason::TakenOver) => "lost_taken_over",
             Failure::Lost(LostReason::Deleted) => "lost_deleted",
             Failure::Lost(LostReason::Unreachable) => "lost_unreachable",
+            Failure::Lost(LostReason::NoConnection) => "lost_no_connection",
             Failure::Error => "error",
         }
     }

@@ -1,6 +1,7 @@
 //! Deleting expired rows: once ([`Locker::reap_expired`](crate::Locker::reap_expired)) or
 //! in the background ([`Locker::spawn_reaper`](crate::Locker::spawn_reaper)). Takeover
-//! does not need it; it keeps the table small.
+//! does not need it; it keeps the table small. Every pass also deletes the expired
+//! fair-mode tickets, of waiters that died.
 //!
 //! A pass deletes bounded batches through the `expire_time` index until one comes back
 //! short, and paces itself: after each batch it pauses for the dialect's `REAP_PACE`
@@ -32,7 +33,7 @@ use crate::config::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, MAX_LEASE, valida
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::stats::Counters;
-use crate::table::LockTable;
+use crate::table::{LockTable, Via};
 
 /// Most long-held rows one leak check reads and reports.
 pub const LEAK_CHECK_LIMIT: u32 = 1_000;
@@ -250,6 +251,20 @@ async fn check_leaks<DB: Backend>(
     Ok(rows)
 }
 
+/// Deletes the expired fair-mode tickets (of waiters that died), whether or not anyone
+/// waits now. A table made by hand without a ticket table (plain-SQL clients) has none to
+/// purge; any other failure is only logged: the next pass tries again.
+async fn purge_tickets<DB: Backend>(table: &LockTable<DB>) {
+    match table.purge_tickets(Via::Pool).await {
+        Ok(0) => {}
+        Ok(purged) => tracing::debug!(table = %table.name(), purged, "purged expired tickets"),
+        Err(err) if LockTable::<DB>::is_missing_table(&err) => {}
+        Err(err) => {
+            tracing::debug!(table = %table.name(), error = %err, "could not purge expired tickets")
+        }
+    }
+}
+
 /// Deletes every expired row, in batches of `batch`, pausing the dialect's pace times each
 /// batch's duration between batches; stops early (between batches) when `stop` is
 /// cancelled.
@@ -272,6 +287,7 @@ pub(crate) async fn reap_all<DB: Backend>(
             if total > 0 {
                 tracing::info!(table = %table.name(), deleted = total, "reaped expired locks");
             }
+            purge_tickets(table).await;
             return Ok(total);
         }
         let pause = started.elapsed() * pace;

@@ -21,6 +21,10 @@ pub struct Stats {
     pub renewed: u64,
     /// Renewal batches that failed and were retried.
     pub renewal_errors: u64,
+    /// Batched releases sent by the lease engine: one statement deletes the rows of every
+    /// guard dropped without [`release`](crate::LockGuard::release) since the last one
+    /// (up to 10,000 rows a statement).
+    pub release_batches: u64,
     /// Leases reported lost through [`LockGuard::lost`](crate::LockGuard::lost).
     pub lost: u64,
     /// Expired rows deleted by [`reap_expired`](crate::Locker::reap_expired) and reapers.
@@ -41,6 +45,7 @@ pub(crate) struct Counters {
     pub(crate) renewals: AtomicU64,
     pub(crate) renewed: AtomicU64,
     pub(crate) renewal_errors: AtomicU64,
+    pub(crate) release_batches: AtomicU64,
     pub(crate) lost: AtomicU64,
     pub(crate) reaped: AtomicU64,
     pub(crate) wakeups: AtomicU64,
@@ -60,6 +65,7 @@ impl Counters {
             renewals: self.renewals.load(Relaxed),
             renewed: self.renewed.load(Relaxed),
             renewal_errors: self.renewal_errors.load(Relaxed),
+            release_batches: self.release_batches.load(Relaxed),
             lost: self.lost.load(Relaxed),
             reaped: self.reaped.load(Relaxed),
             wakeups: self.wakeups.load(Relaxed),

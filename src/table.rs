@@ -1,12 +1,23 @@
 //! The lock-table access layer: [`LockTable`] is the only sender of lock-table SQL. It
-//! takes a pooled connection per operation, runs the dialect's statements on it, and
-//! repeats a statement that the database rolled back as a deadlock victim. Above it sit
-//! the lock algorithm (acquire, the lease engine, the reaper); below it, the dialects.
+//! takes a connection per operation, runs the dialect's statements on it, and repeats a
+//! statement that the database rolled back as a deadlock victim. Above it sit the lock
+//! algorithm (acquire, the lease engine, the reaper); below it, the dialects.
+//!
+//! # Two ways to the database
+//! The caller's statements (acquisitions, explicit releases, reads) take a connection
+//! from the application's pool. The lease engine's statements (batched renewal, batched
+//! releases of dropped guards, ticket renewal and clean-up) run on the engine's own
+//! connection instead, the *lane*: one connection per Locker, outside the pool, taken
+//! when the engine first needs it (an idle connection of the pool, detached from it, or
+//! else a new one with the pool's connect options) and opened again after it breaks. So a pool kept busy by the application (or exhausted by it) delays the
+//! application's own acquisitions, never the renewal of leases already held.
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use chrono::{DateTime, Utc};
 
 use sqlx::Pool;
 use sqlx::pool::PoolConnection;
@@ -14,8 +25,8 @@ use tokio::time::Instant;
 
 use crate::config::{RetryPolicy, micros};
 use crate::dialect::{
-    Acquired, Backend, Contention, Inspected, ListQuery, Listed, ListenerOptions, LockId, Releases,
-    Renewal, RowState,
+    Acquired, Backend, Contention, Inspected, ListQuery, Listed, ListenerOptions, LockId,
+    ReleasedRow, Releases, Renewal, RowState, WriteGate,
 };
 use crate::error::Error;
 use crate::retry::{Retry, retry};
@@ -40,6 +51,72 @@ pub(crate) struct LockTable<DB: Backend> {
     retry: RetryPolicy,
     /// A connection outside the pool that keeps an in-memory database alive.
     keep_alive: tokio::sync::Mutex<Option<DB::Connection>>,
+    /// The lease engine's own connection (see the module docs).
+    lane: Lane<DB>,
+    /// SQLite: the database's write gate in this process (see [`WriteGate`]).
+    gate: Option<WriteGate>,
+}
+
+/// The lease engine's own connection. Its mutex is held for one statement at a time, and
+/// the connection is taken out of the slot while a statement runs on it: a statement
+/// abandoned half-way (its future dropped at a lease's deadline) drops the connection
+/// with it, and the next statement opens a fresh one.
+struct Lane<DB: Backend> {
+    slot: tokio::sync::Mutex<Option<DB::Connection>>,
+    /// Whether the last attempt to open it was refused by the database itself (an error
+    /// answer such as "too many connections", as opposed to no answer at all).
+    refused: AtomicBool,
+}
+
+/// Which connection a statement runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// One from the application's pool: the caller's own statements.
+    Pool,
+    /// The lease engine's own connection: background work that must not queue behind
+    /// the application.
+    Engine,
+}
+
+/// Runs `$call`, an expression that uses `$conn: &mut DB::Connection`, on the lane of
+/// `$table`, again at once when the database rolled it back as a deadlock victim (such a
+/// statement changed nothing), up to [`DEADLOCK_RETRIES`] times. Written as a macro, not a
+/// generic function: the statement's future borrows the connection, which a closure
+/// passed to a generic function could not express without losing the future's `Send`.
+macro_rules! on_lane {
+    ($table:expr, |$conn:ident| $call:expr) => {{
+        let table = $table;
+        let mut slot = table.lane.slot.lock().await;
+        // Ahead of every statement of this process that comes after (SQLite).
+        let _first = match &table.gate {
+            Some(gate) => Some(gate.write().await),
+            None => None,
+        };
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let mut owned = match slot.take() {
+                Some(conn) => conn,
+                None => table.open_lane().await?,
+            };
+            let $conn = &mut owned;
+            let outcome = $call.await;
+            // A database's error answer leaves the connection usable; anything else
+            // (I/O, protocol) may not: it is dropped, and the next statement reconnects.
+            if !matches!(outcome, Err(ref err) if !matches!(err, sqlx::Error::Database(_))) {
+                *slot = Some(owned);
+            }
+            match outcome {
+                Err(err)
+                    if DB::contention(&err) == Contention::Deadlock
+                        && tries <= DEADLOCK_RETRIES =>
+                {
+                    tracing::trace!(error = %err, tries, "engine statement was a deadlock victim");
+                }
+                outcome => break outcome,
+            }
+        }
+    }};
 }
 
 impl<DB: Backend> LockTable<DB> {
@@ -47,11 +124,41 @@ impl<DB: Backend> LockTable<DB> {
     pub(crate) fn new(pool: Pool<DB>, name: String, retry: RetryPolicy) -> Self {
         LockTable {
             sql: DB::statements(&name),
+            gate: DB::write_gate(&pool.connect_options()),
             pool,
             name,
             retry,
             keep_alive: tokio::sync::Mutex::new(None),
+            lane: Lane {
+                slot: tokio::sync::Mutex::new(None),
+                refused: AtomicBool::new(false),
+            },
         }
+    }
+
+    /// Opens the lane: takes an idle connection of the pool if there is one nobody waits
+    /// for (already connected, its statements maybe prepared; the pool opens a
+    /// replacement when it needs one), else connects with the pool's connect options (not
+    /// its `after_connect` hook).
+    async fn open_lane(&self) -> Result<DB::Connection, sqlx::Error> {
+        if let Some(idle) = self.pool.try_acquire() {
+            self.lane.refused.store(false, Ordering::Relaxed);
+            return Ok(idle.detach());
+        }
+        let options = self.pool.connect_options();
+        let opened = sqlx::ConnectOptions::connect(&*options).await;
+        let refused = matches!(opened, Err(sqlx::Error::Database(_)));
+        self.lane.refused.store(refused, Ordering::Relaxed);
+        if let Err(err) = &opened {
+            tracing::debug!(table = %self.name, error = %err, "could not open the lease engine's connection");
+        }
+        opened
+    }
+
+    /// Whether the database refused the last attempt to open the engine's connection:
+    /// the server answers, but will not give the engine a connection.
+    pub(crate) fn engine_connection_refused(&self) -> bool {
+        self.lane.refused.load(Ordering::Relaxed)
     }
 
     pub(crate) fn pool(&self) -> &Pool<DB> {
@@ -65,6 +172,13 @@ impl<DB: Backend> LockTable<DB> {
     /// The error a caller of the lock table sees for a database error: a missing table
     /// and a pool timeout are said so, with what to do about them.
     pub(crate) fn explain(&self, err: sqlx::Error) -> Error {
+        if let Some(column) = DB::missing_column(&err) {
+            return Error::SchemaMismatch {
+                table: self.name.clone(),
+                column,
+                source: Box::new(err),
+            };
+        }
         match err {
             err if DB::is_missing_table(&err) => Error::MissingTable {
                 table: self.name.clone(),
@@ -77,6 +191,11 @@ impl<DB: Backend> LockTable<DB> {
             },
             err => Error::Database(err),
         }
+    }
+
+    /// Whether the error says the table (or its ticket table) does not exist.
+    pub(crate) fn is_missing_table(err: &sqlx::Error) -> bool {
+        DB::is_missing_table(err)
     }
 
     /// How an error of one of this table's statements is to be read.
@@ -102,6 +221,11 @@ impl<DB: Backend> LockTable<DB> {
             let checkout = Box::pin(self.pool.acquire());
             let call = &call;
             async move {
+                // Behind the lease engine's statement, if it waits for the gate (SQLite).
+                let _gate = match &self.gate {
+                    Some(gate) => Some(gate.read().await),
+                    None => None,
+                };
                 let conn = checkout.await.map_err(Retry::Stop)?;
                 match Box::pin(call(conn)).await {
                     Err(err)
@@ -150,15 +274,28 @@ impl<DB: Backend> LockTable<DB> {
         .await
     }
 
-    /// Renews a batch in chunks of [`RENEW_CHUNK`]; returns the state of every row of the
-    /// batch's keys that exists.
+    /// Renews a batch in chunks of [`RENEW_CHUNK`], on the engine's connection; returns
+    /// the state of every row of the batch's keys that exists.
     pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<RowState>, sqlx::Error> {
         let mut rows = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(RENEW_CHUNK) {
-            rows.extend(
-                self.run(|mut conn| async move { DB::renew(&mut conn, &self.sql, chunk).await })
-                    .await?,
-            );
+            rows.extend(on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk))?);
+        }
+        Ok(rows)
+    }
+
+    /// Owner- and token-checked delete of many rows at once, in chunks of
+    /// [`RENEW_CHUNK`], on the engine's connection: the rows that were ours and went,
+    /// each saying whether its lease had already run out by the database clock.
+    pub(crate) async fn release_batch(
+        &self,
+        batch: &[LockId<'_>],
+    ) -> Result<Vec<ReleasedRow>, sqlx::Error> {
+        let mut rows = Vec::with_capacity(batch.len());
+        for chunk in batch.chunks(RENEW_CHUNK) {
+            rows.extend(on_lane!(self, |conn| DB::release_batch(
+                conn, &self.sql, chunk
+            ))?);
         }
         Ok(rows)
     }
@@ -242,28 +379,41 @@ impl<DB: Backend> LockTable<DB> {
         .await
     }
 
-    /// Fair mode: renews the live tickets among `tickets`; the ones renewed.
+    /// Fair mode: renews the live tickets among `tickets`, on the engine's connection;
+    /// the ones renewed.
     pub(crate) async fn renew_tickets(
         &self,
         tickets: &[i64],
         lease: Duration,
     ) -> Result<Vec<i64>, sqlx::Error> {
-        self.run(|mut conn| async move {
-            DB::renew_tickets(&mut conn, &self.sql, tickets, micros(lease)).await
-        })
-        .await
+        let lease = micros(lease);
+        on_lane!(self, |conn| DB::renew_tickets(
+            conn, &self.sql, tickets, lease
+        ))
     }
 
-    /// Fair mode: deletes a ticket.
-    pub(crate) async fn drop_ticket(&self, ticket: i64) -> Result<(), sqlx::Error> {
-        self.run(|mut conn| async move { DB::drop_ticket(&mut conn, &self.sql, ticket).await })
-            .await
+    /// Fair mode: deletes tickets (their waiters won or left).
+    pub(crate) async fn drop_tickets(&self, tickets: &[i64], via: Via) -> Result<(), sqlx::Error> {
+        match via {
+            Via::Pool => {
+                self.run(
+                    |mut conn| async move { DB::drop_tickets(&mut conn, &self.sql, tickets).await },
+                )
+                .await
+            }
+            Via::Engine => on_lane!(self, |conn| DB::drop_tickets(conn, &self.sql, tickets)),
+        }
     }
 
-    /// Fair mode: deletes every expired ticket.
-    pub(crate) async fn purge_tickets(&self) -> Result<u64, sqlx::Error> {
-        self.run(|mut conn| async move { DB::purge_tickets(&mut conn, &self.sql).await })
-            .await
+    /// Fair mode: deletes every expired ticket (of waiters that died); how many.
+    pub(crate) async fn purge_tickets(&self, via: Via) -> Result<u64, sqlx::Error> {
+        match via {
+            Via::Pool => {
+                self.run(|mut conn| async move { DB::purge_tickets(&mut conn, &self.sql).await })
+                    .await
+            }
+            Via::Engine => on_lane!(self, |conn| DB::purge_tickets(conn, &self.sql)),
+        }
     }
 
     /// Opens a listener for this table's releases, on its own connection: at `given`
@@ -321,7 +471,9 @@ impl<DB: Backend> LockTable<DB> {
     /// the table's own that keeps it alive for as long as this table object lives.
     pub(crate) async fn migrate(&self) -> crate::Result<usize> {
         self.keep_alive().await?;
-        let applied = crate::migrate::run(&self.pool, &self.name).await?;
+        let applied = crate::migrate::run(&self.pool, &self.name)
+            .await
+            .map_err(|err| self.explain_migration(err))?;
         if let Some(conn) = self.keep_alive.lock().await.as_mut() {
             // The keep-alive connection must see the table the pool's connection made;
             // it does not when every connection has a database of its own.
@@ -332,7 +484,34 @@ impl<DB: Backend> LockTable<DB> {
                     err => self.explain(err),
                 })?;
         }
+        // A table of this name that existed before may lack columns no migration step
+        // needed: say so now, not at the first acquisition.
+        self.run(|mut conn| async move { DB::check_shape(&mut conn, &self.name).await })
+            .await
+            .map_err(|err| self.explain(err))?;
         Ok(applied)
+    }
+
+    /// A failed migration, explained: a step that named a column the existing table
+    /// lacks means the table is of another shape.
+    fn explain_migration(&self, err: Error) -> Error {
+        let Error::Migration(failed) = err else {
+            return err;
+        };
+        let column = match failed.kind() {
+            refinery::error::Kind::Connection(_, source) => source
+                .downcast_ref::<sqlx::Error>()
+                .and_then(DB::missing_column),
+            _ => None,
+        };
+        match column {
+            Some(column) => Error::SchemaMismatch {
+                table: self.name.clone(),
+                column,
+                source: Box::new(failed),
+            },
+            None => Error::Migration(failed),
+        }
     }
 
     async fn keep_alive(&self) -> crate::Result<()> {

@@ -50,6 +50,8 @@ mod failover;
 mod holder;
 #[path = "faults/kill.rs"]
 mod kill;
+#[path = "faults/no_connection.rs"]
+mod no_connection;
 #[path = "faults/outage.rs"]
 mod outage;
 #[path = "faults/pause.rs"]
@@ -180,6 +182,7 @@ const SCENARIOS: &[&str] = &[
     outage::NAME,
     skew::NAME,
     pool::NAME,
+    no_connection::NAME,
     abuse::NAME,
     failover::NAME,
 ];
@@ -272,6 +275,14 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     outage::run_all(ctx, report, selection).await;
     skew::run_all(ctx, report, selection).await;
     scenario(ctx, report, selection, pool::NAME, pool::run).await;
+    scenario(
+        ctx,
+        report,
+        selection,
+        no_connection::NAME,
+        no_connection::run,
+    )
+    .await;
     scenario(ctx, report, selection, abuse::NAME, abuse::run).await;
     failover::run_all(ctx, report, selection).await;
 }

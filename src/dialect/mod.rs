@@ -45,6 +45,22 @@ macro_rules! scripts_and_history {
             async move { Ok(delete.execute(conn).await?.rows_affected() > 0) }
         }
 
+        fn check_shape<'a>(
+            conn: &'a mut <Self as sqlx::Database>::Connection,
+            table: &'a str,
+        ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send + 'a {
+            let tables = [
+                format!("SELECT {} FROM {table} WHERE 1 = 0", Self::COLUMNS),
+                format!("SELECT ticket, lock_key, expire_time FROM {table}_ticket WHERE 1 = 0"),
+            ];
+            async move {
+                for select in tables {
+                    sqlx::query(sqlx::AssertSqlSafe(select)).execute(&mut *conn).await?;
+                }
+                Ok(())
+            }
+        }
+
         fn run_script<'a>(
             conn: &'a mut <Self as sqlx::Database>::Connection,
             script: &'a str,
@@ -106,15 +122,6 @@ macro_rules! waiters_and_tickets {
             async move { query.fetch_one(conn).await }
         }
 
-        fn drop_ticket(
-            conn: &mut <Self as sqlx::Database>::Connection,
-            sql: &Self::Statements,
-            ticket: i64,
-        ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send {
-            let query = sqlx::query(super::audited(&sql.drop_ticket)).bind(ticket);
-            async move { query.execute(conn).await.map(drop) }
-        }
-
         fn purge_tickets(
             conn: &mut <Self as sqlx::Database>::Connection,
             sql: &Self::Statements,
@@ -139,6 +146,15 @@ pub use portable::SqlValue;
     allow(unused_imports)
 )] // SQLite has no FOR UPDATE
 pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
+
+/// A gate in front of a database that lets one writer in at a time and makes the others
+/// poll for it (SQLite's busy handler sleeps and retries; it keeps no queue). dblock's
+/// statements pass it shared; the lease engine's pass it exclusively, which tokio's
+/// `RwLock` grants ahead of every statement that arrives after the engine asked. So the
+/// engine's renewal waits for at most the statements already running in this process,
+/// never for an endless stream of this process's own acquisitions. One gate per database
+/// file and process, shared by every Locker on it.
+pub(crate) type WriteGate = std::sync::Arc<tokio::sync::RwLock<()>>;
 
 /// What the database answered to a successful acquisition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -185,6 +201,17 @@ pub struct RowState {
     /// Whether this statement renewed the row (it was the requested owner's and token's,
     /// and unexpired by the database clock).
     pub renewed: bool,
+}
+
+/// A row a batched release deleted ([`LockSql::release_batch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasedRow {
+    /// The key, free now.
+    pub key: String,
+    /// The row's fencing token.
+    pub fencing_token: i64,
+    /// Whether its lease had already run out by the database clock.
+    pub expired: bool,
 }
 
 /// Who holds one key, as [`LockSql::inspect`] reads it.
@@ -353,6 +380,9 @@ pub trait LockSql: Database {
     /// counting work the server does for a batch after the statement returned.
     const REAP_PACE: u32 = 39;
 
+    /// Every column of the lock table dblock reads or writes.
+    const COLUMNS: &'static str = "lock_key, lock_value, expire_time, fencing_token, acquired_at";
+
     /// The migration files as `(refinery file name, SQL template with `{table}`)`.
     const MIGRATIONS: &'static [(&'static str, &'static str)];
 
@@ -377,6 +407,16 @@ pub trait LockSql: Database {
         sql: &Self::Statements,
         lock: LockId<'_>,
     ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send;
+
+    /// Owner- and token-checked delete of every row of `batch` in one statement (or one
+    /// transaction), waking waiters as a release does: the rows that were ours and went,
+    /// each saying whether its lease had already run out by the database clock. Rows that
+    /// are not ours (any more) are left alone and not reported.
+    fn release_batch(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        batch: &[LockId<'_>],
+    ) -> impl Future<Output = Result<Vec<ReleasedRow>, sqlx::Error>> + Send;
 
     /// Owner- and token-checked extension of a live lease (never an upsert: it cannot take
     /// a lock back); the new expiry, or `None` when the row is no longer ours or expired.
@@ -472,11 +512,11 @@ pub trait LockSql: Database {
         lease_micros: i64,
     ) -> impl Future<Output = Result<Vec<i64>, sqlx::Error>> + Send;
 
-    /// Fair mode: deletes a ticket (its waiter won or left).
-    fn drop_ticket(
+    /// Fair mode: deletes tickets (their waiters won or left), in one statement.
+    fn drop_tickets(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
-        ticket: i64,
+        tickets: &[i64],
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Fair mode: deletes every expired ticket (of waiters that died); how many.
@@ -496,11 +536,21 @@ pub trait LockSql: Database {
         std::future::ready(Ok(None))
     }
 
+    /// The process-wide [`WriteGate`] of the database `options` open, on backends whose
+    /// writers wait for one another by polling (SQLite); `None` elsewhere.
+    fn write_gate(_options: &<Self::Connection as sqlx::Connection>::Options) -> Option<WriteGate> {
+        None
+    }
+
     /// Reads an error of a lock-table statement.
     fn contention(err: &sqlx::Error) -> Contention;
 
     /// Whether the error says the lock table does not exist (not migrated yet).
     fn is_missing_table(err: &sqlx::Error) -> bool;
+
+    /// The column the error says is missing, when a statement named a column the table
+    /// does not have: a table of the configured name that dblock did not create.
+    fn missing_column(err: &sqlx::Error) -> Option<String>;
 
     /// Whether the error is the mark of a connection pooler that hands one session's
     /// prepared statements to another (PgBouncer before 1.21 in transaction mode).
@@ -540,6 +590,14 @@ pub trait LockSql: Database {
         table: &str,
         commit: bool,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Fails with the database's "no such column" error if the migrated `table` (or its
+    /// ticket table) lacks a column dblock uses: a table of that name that existed
+    /// before, of another shape.
+    fn check_shape<'a>(
+        conn: &'a mut Self::Connection,
+        table: &'a str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// Runs a multi-statement script as one simple query.
     fn run_script<'a>(
@@ -692,6 +750,27 @@ pub(crate) fn db_code(err: &sqlx::Error) -> Option<String> {
 #[cfg_attr(not(all(feature = "mysql", feature = "sqlite")), allow(dead_code))] // not every backend asks
 pub(crate) fn is_unique_violation(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// Lock ids as one JSON array of `{"k", "o", "t"}` objects (key, owner, token), for the
+/// databases that take a batch as one JSON parameter.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn ids_json(batch: &[LockId<'_>]) -> String {
+    let rows: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|id| serde_json::json!({ "k": id.key, "o": id.owner, "t": id.fencing_token }))
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// The text between the first pair of `open` and `close` after `after` in `message`: the
+/// name a database quoted in an error message.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn quoted_after(message: &str, after: &str, open: char, close: char) -> Option<String> {
+    let rest = &message[message.find(after)? + after.len()..];
+    let start = rest.find(open)? + open.len_utf8();
+    let end = rest[start..].find(close)? + start;
+    Some(rest[start..end].to_owned())
 }
 
 /// A batch as one JSON array of `{"k", "o", "t", "m"}` objects (key, owner, token, and

@@ -12,8 +12,9 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
 use super::{
-    Acquired, Contention, Inspected, ListQuery, Listed, LockId, LockSql, Renewal, RowLockMode,
-    RowState, Sql, TxSql, audited, batch_json, is_unique_violation, sql,
+    Acquired, Contention, Inspected, ListQuery, Listed, LockId, LockSql, ReleasedRow, Renewal,
+    RowLockMode, RowState, Sql, TxSql, audited, batch_json, ids_json, is_unique_violation,
+    quoted_after, sql,
 };
 
 /// MySQL's statements for one table.
@@ -23,6 +24,8 @@ pub struct Statements {
     read_owner: Sql,
     release_live: Sql,
     release: Sql,
+    read_release_batch: Sql,
+    release_batch: Sql,
     extend: Sql,
     renew: Sql,
     read_batch: Sql,
@@ -36,7 +39,7 @@ pub struct Statements {
     earlier_ticket: Sql,
     renew_tickets: Sql,
     live_tickets: Sql,
-    drop_ticket: Sql,
+    drop_tickets: Sql,
     purge_tickets: Sql,
 }
 
@@ -61,6 +64,18 @@ const RELEASE_LIVE: &str = "DELETE FROM {table}
  WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
 const RELEASE: &str =
     "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ? AND fencing_token = ?";
+
+// The batched release of the lease engine, in one transaction: DELETE has no RETURNING
+// on MySQL 8, so the batch's rows that are still ours are read and locked first (the
+// engine sorts the batch by key, so two batches lock in one order), then deleted.
+const READ_RELEASE_BATCH: &str = "\
+SELECT t.lock_key, t.fencing_token, CAST(t.expire_time <= NOW(6) AS SIGNED)
+  FROM {batch} JOIN {table} AS t ON t.lock_key = w.k
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok
+   FOR UPDATE";
+const RELEASE_BATCH: &str = "\
+DELETE t FROM {batch} JOIN {table} AS t ON t.lock_key = w.k
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok";
 
 // The second assignment changes nothing; it only hands the new expiry (microseconds since
 // the epoch, session time zone UTC as sqlx sets it) to the OK packet.
@@ -114,7 +129,9 @@ SELECT ticket FROM {table}_ticket
  WHERE ticket IN (SELECT j.t FROM JSON_TABLE(?, '$[*]' COLUMNS (t BIGINT PATH '$')) AS j)
    AND expire_time > NOW(6)";
 
-const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = ?";
+const DROP_TICKETS: &str = "\
+DELETE FROM {table}_ticket
+ WHERE ticket IN (SELECT j.t FROM JSON_TABLE(?, '$[*]' COLUMNS (t BIGINT PATH '$')) AS j)";
 
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < NOW(6)";
 
@@ -157,6 +174,8 @@ const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('dblock-migrate:', ?)
 
 /// ER_NO_SUCH_TABLE: the lock table was not migrated.
 const ER_NO_SUCH_TABLE: u16 = 1146;
+/// ER_BAD_FIELD_ERROR: a column the statement names does not exist.
+const ER_BAD_FIELD_ERROR: u16 = 1054;
 /// Error numbers that mean "another session got in the way".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
@@ -206,6 +225,8 @@ impl LockSql for MySql {
             read_owner: sql(READ_OWNER, table),
             release_live: sql(RELEASE_LIVE, table),
             release: sql(RELEASE, table),
+            read_release_batch: batch_sql(READ_RELEASE_BATCH, table),
+            release_batch: batch_sql(RELEASE_BATCH, table),
             extend: sql(EXTEND, table),
             renew: batch_sql(RENEW, table),
             read_batch: batch_sql(READ_BATCH, table),
@@ -219,7 +240,7 @@ impl LockSql for MySql {
             earlier_ticket: sql(EARLIER_TICKET, table),
             renew_tickets: sql(RENEW_TICKETS, table),
             live_tickets: sql(LIVE_TICKETS, table),
-            drop_ticket: sql(DROP_TICKET, table),
+            drop_tickets: sql(DROP_TICKETS, table),
             purge_tickets: sql(PURGE_TICKETS, table),
         }
     }
@@ -267,6 +288,35 @@ impl LockSql for MySql {
             }
         }
         Ok(None)
+    }
+
+    async fn release_batch(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        batch: &[LockId<'_>],
+    ) -> Result<Vec<ReleasedRow>, sqlx::Error> {
+        let json = ids_json(batch);
+        let mut tx = sqlx::Connection::begin(conn).await?;
+        let rows: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(audited(&sql.read_release_batch))
+            .bind(&json)
+            .fetch_all(&mut *tx)
+            .await?;
+        if !rows.is_empty() {
+            sqlx::query(audited(&sql.release_batch))
+                .bind(&json)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, fencing_token, expired)| ReleasedRow {
+                // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
+                key: String::from_utf8_lossy(&key).into_owned(),
+                fencing_token,
+                expired: expired != 0,
+            })
+            .collect())
     }
 
     async fn extend(
@@ -341,6 +391,18 @@ impl LockSql for MySql {
             .execute(conn)
             .await?;
         i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+
+    async fn drop_tickets(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        tickets: &[i64],
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(audited(&sql.drop_tickets))
+            .bind(serde_json::Value::from(tickets.to_vec()).to_string())
+            .execute(conn)
+            .await
+            .map(drop)
     }
 
     async fn renew_tickets(
@@ -458,6 +520,18 @@ impl LockSql for MySql {
 
     fn is_missing_table(err: &sqlx::Error) -> bool {
         error_number(err) == Some(ER_NO_SUCH_TABLE)
+    }
+
+    fn missing_column(err: &sqlx::Error) -> Option<String> {
+        // `Unknown column 'expire_time' in 'field list'` (or `'t.expire_time'`)
+        if error_number(err) != Some(ER_BAD_FIELD_ERROR) {
+            return None;
+        }
+        let sqlx::Error::Database(db) = err else {
+            return None;
+        };
+        let name = quoted_after(db.message(), "Unknown column ", '\'', '\'')?;
+        Some(name.rsplit('.').next().unwrap_or(&name).to_owned())
     }
 
     async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {

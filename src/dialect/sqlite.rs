@@ -13,9 +13,10 @@ use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
     Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, LockId, LockSql,
-    Renewal, RowLockMode, RowState, Sql, TxSql, audited, batch_json, db_code, is_unique_violation,
-    sql,
+    ReleasedRow, Renewal, RowLockMode, RowState, Sql, TxSql, WriteGate, audited, batch_json,
+    db_code, ids_json, is_unique_violation, sql,
 };
+use std::collections::HashMap;
 
 /// SQLite's statements for one table.
 #[doc(hidden)]
@@ -23,6 +24,7 @@ pub struct Statements {
     held: Sql,
     acquire: Sql,
     release: Sql,
+    release_batch: Sql,
     extend: Sql,
     renew: Sql,
     read_keys: Sql,
@@ -35,7 +37,7 @@ pub struct Statements {
     take_ticket: Sql,
     earlier_ticket: Sql,
     renew_tickets: Sql,
-    drop_ticket: Sql,
+    drop_tickets: Sql,
     purge_tickets: Sql,
 }
 
@@ -59,6 +61,16 @@ RETURNING fencing_token, expire_time";
 const RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
 RETURNING expire_time <= {now}";
+
+// The batched release of the lease engine: the batch's rows are found through the
+// primary key (the join is driven by the JSON array), each still owner- and
+// token-checked.
+const RELEASE_BATCH: &str = "\
+DELETE FROM {table} WHERE rowid IN (
+    SELECT t.rowid FROM json_each(?1) AS w
+      JOIN {table} AS t ON t.lock_key = w.value ->> '$.k'
+     WHERE t.lock_value = w.value ->> '$.o' AND t.fencing_token = w.value ->> '$.t')
+RETURNING lock_key, fencing_token, expire_time <= {now}";
 
 const EXTEND: &str = "\
 UPDATE {table} SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?3)
@@ -122,7 +134,8 @@ UPDATE {table}_ticket SET expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?2)
  WHERE ticket IN (SELECT value FROM json_each(?1)) AND expire_time > {now}
 RETURNING ticket";
 
-const DROP_TICKET: &str = "DELETE FROM {table}_ticket WHERE ticket = ?1";
+const DROP_TICKETS: &str =
+    "DELETE FROM {table}_ticket WHERE ticket IN (SELECT value FROM json_each(?1))";
 
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < {now}";
 
@@ -168,6 +181,7 @@ impl LockSql for Sqlite {
             held: sqlite_sql(HELD, table),
             acquire: sqlite_sql(ACQUIRE, table),
             release: sqlite_sql(RELEASE, table),
+            release_batch: sqlite_sql(RELEASE_BATCH, table),
             extend: sqlite_sql(EXTEND, table),
             renew: sqlite_sql(RENEW, table),
             read_keys: sqlite_sql(READ_KEYS, table),
@@ -180,7 +194,7 @@ impl LockSql for Sqlite {
             take_ticket: sqlite_sql(TAKE_TICKET, table),
             earlier_ticket: sqlite_sql(EARLIER_TICKET, table),
             renew_tickets: sqlite_sql(RENEW_TICKETS, table),
-            drop_ticket: sqlite_sql(DROP_TICKET, table),
+            drop_tickets: sqlite_sql(DROP_TICKETS, table),
             purge_tickets: sqlite_sql(PURGE_TICKETS, table),
         }
     }
@@ -227,6 +241,25 @@ impl LockSql for Sqlite {
             .bind(lock.fencing_token)
             .fetch_optional(conn)
             .await
+    }
+
+    async fn release_batch(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        batch: &[LockId<'_>],
+    ) -> Result<Vec<ReleasedRow>, sqlx::Error> {
+        let rows: Vec<(String, i64, bool)> = sqlx::query_as(audited(&sql.release_batch))
+            .bind(ids_json(batch))
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, fencing_token, expired)| ReleasedRow {
+                key,
+                fencing_token,
+                expired,
+            })
+            .collect())
     }
 
     async fn extend(
@@ -295,6 +328,18 @@ impl LockSql for Sqlite {
             .await
     }
 
+    async fn drop_tickets(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        tickets: &[i64],
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(audited(&sql.drop_tickets))
+            .bind(serde_json::Value::from(tickets.to_vec()).to_string())
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
     async fn renew_tickets(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -355,6 +400,22 @@ impl LockSql for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
+    fn write_gate(options: &sqlx::sqlite::SqliteConnectOptions) -> Option<WriteGate> {
+        static GATES: std::sync::LazyLock<
+            std::sync::Mutex<HashMap<std::path::PathBuf, std::sync::Weak<tokio::sync::RwLock<()>>>>,
+        > = std::sync::LazyLock::new(Default::default);
+        let file = options.get_filename();
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
+        let mut gates = GATES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gate) = gates.get(&file).and_then(std::sync::Weak::upgrade) {
+            return Some(gate);
+        }
+        gates.retain(|_, gate| gate.strong_count() > 0);
+        let gate = WriteGate::default();
+        gates.insert(file, std::sync::Arc::downgrade(&gate));
+        Some(gate)
+    }
+
     fn contention(err: &sqlx::Error) -> Contention {
         // SQLITE_BUSY and SQLITE_LOCKED with their extended codes: another writer.
         let busy = db_code(err)
@@ -370,6 +431,21 @@ impl LockSql for Sqlite {
     fn is_missing_table(err: &sqlx::Error) -> bool {
         // SQLITE_ERROR carries no finer code for this; the message is stable.
         matches!(err, sqlx::Error::Database(db) if db.message().starts_with("no such table"))
+    }
+
+    fn missing_column(err: &sqlx::Error) -> Option<String> {
+        // SQLITE_ERROR again: `no such column: expire_time`, `table t has no column named
+        // expire_time` (an INSERT's column list).
+        let sqlx::Error::Database(db) = err else {
+            return None;
+        };
+        let message = db.message();
+        let name = match message.strip_prefix("no such column: ") {
+            Some(name) => name,
+            None => message.split_once(" has no column named ")?.1,
+        };
+        let name = name.split_whitespace().next()?;
+        Some(name.rsplit('.').next().unwrap_or(name).to_owned())
     }
 
     async fn keep_alive(

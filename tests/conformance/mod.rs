@@ -2,6 +2,7 @@
 //! [`conformance_suite!`] turns the list into one `#[tokio::test]` per case.
 
 mod admin;
+mod adversary;
 mod engine;
 mod fair;
 mod first_hour;
@@ -20,6 +21,7 @@ mod wakeups;
 use std::time::Duration;
 
 pub use admin::*;
+pub use adversary::*;
 pub use engine::*;
 pub use fair::*;
 pub use first_hour::*;
@@ -94,6 +96,11 @@ macro_rules! conformance_suite {
             job_keeps_the_key_for_its_minimum,
             job_is_bounded_by_its_maximum,
             scheduled_job_runs_once_per_tick,
+            fair_cancelled_ticket_takers_leave_no_ticket,
+            fair_cancellation_storm_leaves_no_rows,
+            ten_thousand_guards_on_a_pool_of_two,
+            table_of_another_shape_is_a_typed_error,
+            reaper_purges_expired_tickets,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

@@ -38,6 +38,15 @@ pub trait FaultDb: Backend {
 
     /// Creates a plain table, the canary a hostile table name would like to drop.
     fn create_canary(pool: &Pool<Self>, table: &str) -> impl Future<Output = Res<()>> + Send;
+
+    /// Creates (or alters) the login `user`, allowed at most `connections` at a time and
+    /// whatever it needs to make and use a lock table; its URL is the suite's with
+    /// `user` in place of the administrator. Server backends only.
+    fn limit_user(
+        pool: &Pool<Self>,
+        user: &str,
+        connections: u32,
+    ) -> impl Future<Output = Res<()>> + Send;
 }
 
 /// The statements that read the same on every backend (sqlx's executor bounds do not
@@ -106,6 +115,17 @@ impl FaultDb for Postgres {
         Ok(names.into_iter().collect())
     }
 
+    async fn limit_user(pool: &Pool<Self>, user: &str, connections: u32) -> Res<()> {
+        // Superusers are not held to a role's connection limit: this one is not one.
+        let sql = format!(
+            "DO $$ BEGIN CREATE ROLE {user} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             ALTER ROLE {user} CONNECTION LIMIT {connections};
+             GRANT USAGE, CREATE ON SCHEMA public TO {user}"
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+        Ok(())
+    }
+
     same_everywhere!();
 }
 
@@ -141,6 +161,16 @@ impl FaultDb for MySql {
         Ok(names.into_iter().collect())
     }
 
+    async fn limit_user(pool: &Pool<Self>, user: &str, connections: u32) -> Res<()> {
+        let sql = format!(
+            "CREATE USER IF NOT EXISTS '{user}'@'%';
+             ALTER USER '{user}'@'%' WITH MAX_USER_CONNECTIONS {connections};
+             GRANT ALL ON test.* TO '{user}'@'%'"
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
+        Ok(())
+    }
+
     same_everywhere!();
 }
 
@@ -167,6 +197,10 @@ impl FaultDb for Sqlite {
         .fetch_all(pool)
         .await?;
         Ok(names.into_iter().collect())
+    }
+
+    async fn limit_user(_: &Pool<Self>, _: &str, _: u32) -> Res<()> {
+        Err("SQLite has no logins".into())
     }
 
     same_everywhere!();

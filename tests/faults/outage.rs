@@ -244,6 +244,13 @@ async fn short_cut<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
         row.owner == guard.owner() && row.fencing_token == guard.fencing_token(),
         "the row changed hands: {row:?}"
     );
+    // The cut closed the pool's idle connections, and this pool hands them out untested
+    // (see `proxied`): statements on them fail until they are gone. That is the pool's
+    // business (renewal has a connection of its own); the release goes on a live one.
+    eventually("the pool works again", STEP, async || {
+        Ok(locker.holder(key).await.is_ok())
+    })
+    .await?;
     guard.release().await?;
     Ok(format!(
         "cut {} < lease {}: {errors} renewal errors, renewed again {} after healing, held throughout",
