@@ -25,6 +25,7 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use chrono::TimeDelta;
 use dblock::{MySql, Postgres};
 
 /// What helpers return; failures are messages for the summary.
@@ -337,6 +338,28 @@ fn summary(o: &Outcome) -> String {
     for (kind, found) in &o.findings {
         if *kind != Kind::Control && !found.examples.is_empty() {
             let _ = writeln!(s, "  {kind} examples: {}", found.examples.join("; "));
+        }
+    }
+    if g.violations() > 0
+        && let Some(first) = g.first_at
+    {
+        // The faults around the first violation (this machine's clock against the
+        // database's: the same clock when the server is local).
+        let (from, to) = (first - TimeDelta::seconds(3), first + TimeDelta::seconds(1));
+        let _ = writeln!(
+            s,
+            "  nemesis actions from 3 s before to 1 s after the first guarded violation ({}):",
+            first.format("%H:%M:%S%.6f")
+        );
+        let mut log: Vec<_> = o
+            .deeds
+            .log
+            .iter()
+            .filter(|(at, _)| (from..=to).contains(at))
+            .collect();
+        log.sort();
+        for (at, what) in log {
+            let _ = writeln!(s, "    {} {what}", at.format("%H:%M:%S%.6f"));
         }
     }
     s

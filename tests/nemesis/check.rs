@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
+
 use crate::db::{Counter, Entry};
 
 /// How many example lines of each finding the report keeps.
@@ -38,6 +40,9 @@ pub struct Findings {
     pub counter_mismatch: Option<(i64, i64)>,
     /// A few lines naming the first violations, for the report.
     pub examples: Vec<String>,
+    /// The database time of the earliest write found in a violation (a counter mismatch
+    /// alone has none).
+    pub first_at: Option<DateTime<Utc>>,
 }
 
 impl Findings {
@@ -56,6 +61,10 @@ impl Findings {
         if self.examples.len() < EXAMPLES {
             self.examples.push(line);
         }
+    }
+
+    fn at(&mut self, e: &Entry) {
+        self.first_at = Some(self.first_at.map_or(e.at, |at| at.min(e.at)));
     }
 }
 
@@ -83,6 +92,7 @@ pub fn check(entries: &[Entry], counter: Counter, locked: bool) -> Findings {
         let expected_seq = i64::try_from(i).expect("fits") + 1;
         if e.seq != expected_seq {
             f.seq_gaps += 1;
+            f.at(e);
             f.example(format!(
                 "sequence gap: {} where {expected_seq} was due",
                 who(e)
@@ -90,6 +100,7 @@ pub fn check(entries: &[Entry], counter: Counter, locked: bool) -> Findings {
         }
         if e.written != e.read + 1 {
             f.bad_increments += 1;
+            f.at(e);
             f.example(format!(
                 "bad increment: {} read {} and wrote {}",
                 who(e),
@@ -100,6 +111,7 @@ pub fn check(entries: &[Entry], counter: Counter, locked: bool) -> Findings {
         let before = previous.map_or(0, |p| p.written);
         if e.read != before {
             f.lost_updates += 1;
+            f.at(e);
             let after = previous.map_or("the start".to_owned(), who);
             f.example(format!(
                 "lost update: {} read {}, but {after} had written {before}",
@@ -109,6 +121,7 @@ pub fn check(entries: &[Entry], counter: Counter, locked: bool) -> Findings {
         }
         if locked && let Some(p) = previous.filter(|p| e.token < p.token) {
             f.token_inversions += 1;
+            f.at(e);
             f.example(format!("token inversion: {} follows {}", who(e), who(p)));
         }
         previous = Some(e);
@@ -128,27 +141,28 @@ pub fn check(entries: &[Entry], counter: Counter, locked: bool) -> Findings {
 }
 
 /// One hold's span in the commit order and who made its writes.
-struct Hold {
-    first: i64,
+struct Hold<'a> {
+    first: &'a Entry,
     last: i64,
     worker: (i32, i32),
     shared: bool,
 }
 
 fn check_holds(entries: &[Entry], f: &mut Findings) {
-    let mut holds: BTreeMap<i64, Hold> = BTreeMap::new();
+    // Entries come in sequence order: a hold's first entry is its first write.
+    let mut holds: BTreeMap<i64, Hold<'_>> = BTreeMap::new();
     for e in entries {
         let hold = holds.entry(e.token).or_insert(Hold {
-            first: e.seq,
+            first: e,
             last: e.seq,
             worker: (e.worker, e.incarnation),
             shared: false,
         });
-        hold.first = hold.first.min(e.seq);
         hold.last = hold.last.max(e.seq);
         if hold.worker != (e.worker, e.incarnation) && !hold.shared {
             hold.shared = true;
             f.shared_tokens += 1;
+            f.at(e);
             f.example(format!(
                 "shared token: {} is also worker {}/{}'s",
                 who(e),
@@ -158,19 +172,20 @@ fn check_holds(entries: &[Entry], f: &mut Findings) {
         }
     }
     f.holds = holds.len();
-    let mut spans: Vec<(i64, i64, i64)> = holds
+    let mut spans: Vec<(i64, i64, i64, &Entry)> = holds
         .iter()
-        .map(|(token, h)| (h.first, h.last, *token))
+        .map(|(token, h)| (h.first.seq, h.last, *token, h.first))
         .collect();
-    spans.sort_unstable();
+    spans.sort_unstable_by_key(|&(first, ..)| first);
     // Sweep in order of first write: a hold that starts before the latest end seen so
     // far interleaves with the hold that ends there.
     let mut reach: Option<(i64, i64)> = None;
-    for (first, last, token) in spans {
+    for (first, last, token, entry) in spans {
         if let Some((end, other)) = reach
             && first < end
         {
             f.overlaps += 1;
+            f.at(entry);
             f.example(format!(
                 "overlap: the hold of token {token} wrote at seq {first}..={last}, inside \
                  the hold of token {other} (until seq {end})"

@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use dblock::Locker;
 use futures::FutureExt;
 use nix::sys::signal::Signal;
@@ -98,6 +99,14 @@ pub struct Deeds {
     pub sessions_killed: u64,
     /// Session kills that found no session to end (the worker had just restarted).
     pub sessions_missed: u64,
+    /// Every action with its start on this machine's clock, to set beside the history.
+    pub log: Vec<(DateTime<Utc>, String)>,
+}
+
+impl Deeds {
+    fn note(&mut self, at: DateTime<Utc>, what: String) {
+        self.log.push((at, what));
+    }
 }
 
 /// Everything one run found.
@@ -313,9 +322,23 @@ async fn go<DB: NemesisDb>(
                 let mut deeds = lock(&deeds);
                 *deeds.done.entry(action).or_default() += 1;
                 deeds.paused_for += pause;
+                let p = &procs[i];
+                deeds.note(
+                    Utc::now(),
+                    format!(
+                        "pause worker {}/{} for {:.2} s",
+                        p.worker,
+                        p.incarnation,
+                        pause.as_secs_f64()
+                    ),
+                );
             }
             Action::Kill => {
                 let p = &mut procs[victim];
+                lock(&deeds).note(
+                    Utc::now(),
+                    format!("SIGKILL worker {}/{}", p.worker, p.incarnation),
+                );
                 signal(p.pid, Signal::SIGKILL);
                 timeout(Duration::from_secs(30), p.child.wait())
                     .await
@@ -327,6 +350,7 @@ async fn go<DB: NemesisDb>(
             Action::ForceRelease => {
                 let (locker, deeds) = (locker.clone(), Arc::clone(&deeds));
                 actions.spawn(async move {
+                    let at = Utc::now();
                     let forced = async {
                         let guarded = locker.force_release(Kind::Guarded.key()).await?;
                         let unfenced = locker.force_release(Kind::Unfenced.key()).await?;
@@ -339,6 +363,13 @@ async fn go<DB: NemesisDb>(
                             *deeds.done.entry(action).or_default() += 1;
                             deeds.forced.0 += u64::from(guarded);
                             deeds.forced.1 += u64::from(unfenced);
+                            deeds.note(
+                                at,
+                                format!(
+                                    "force_release: guarded row deleted {guarded}, unfenced \
+                                     {unfenced}"
+                                ),
+                            );
                         }
                         Ok(Err(err)) => deeds.errors.push(format!("force_release: {err}")),
                         Err(_) => deeds.errors.push("force_release: hung".to_owned()),
@@ -348,12 +379,14 @@ async fn go<DB: NemesisDb>(
             Action::Reap => {
                 let (locker, deeds) = (locker.clone(), Arc::clone(&deeds));
                 actions.spawn(async move {
+                    let at = Utc::now();
                     let reaped = timeout(ACTION_LIMIT, locker.reap_expired()).await;
                     let mut deeds = lock(&deeds);
                     match reaped {
                         Ok(Ok(rows)) => {
                             *deeds.done.entry(action).or_default() += 1;
                             deeds.reaped += rows;
+                            deeds.note(at, format!("reap_expired: {rows} row(s)"));
                         }
                         Ok(Err(err)) => deeds.errors.push(format!("reap_expired: {err}")),
                         Err(_) => deeds.errors.push("reap_expired: hung".to_owned()),
@@ -371,8 +404,10 @@ async fn go<DB: NemesisDb>(
                         .cloned()
                         .unwrap_or_default(),
                 };
+                let whose = format!("worker {}/{}", p.worker, p.incarnation);
                 let (pool, names, deeds) = (pool.clone(), setup.names.clone(), Arc::clone(&deeds));
                 actions.spawn(async move {
+                    let at = Utc::now();
                     let killed = timeout(ACTION_LIMIT, DB::kill_sessions(&pool, &names, &which));
                     let killed = killed.await;
                     let mut deeds = lock(&deeds);
@@ -381,6 +416,12 @@ async fn go<DB: NemesisDb>(
                         Ok(Ok(n)) => {
                             *deeds.done.entry(action).or_default() += 1;
                             deeds.sessions_killed += n;
+                            let listeners = if which.listeners {
+                                " and listeners"
+                            } else {
+                                ""
+                            };
+                            deeds.note(at, format!("killed {n} session(s) of {whose}{listeners}"));
                         }
                         Ok(Err(err)) => deeds.errors.push(format!("session kill: {err}")),
                         Err(_) => deeds.errors.push("session kill: hung".to_owned()),
@@ -479,9 +520,8 @@ fn judge(
     let guarded = &findings[&Kind::Guarded];
     if guarded.violations() > 0 {
         problems.push(format!(
-            "the guarded history has {} violation(s): {}",
-            guarded.violations(),
-            guarded.examples.join("; ")
+            "the guarded history has {} violation(s) (examples below)",
+            guarded.violations()
         ));
     }
     let control = &findings[&Kind::Control];
