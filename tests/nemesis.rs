@@ -300,11 +300,13 @@ fn summary(o: &Outcome) -> String {
     let done = |a: Action| d.done.get(&a).copied().unwrap_or(0);
     let _ = writeln!(
         s,
-        "  nemesis   {} actions: pause {} ({:.1} s stopped in all), kill+restart {}, \
+        "  nemesis   {} actions: pause {} ({} of the guarded key's holder; {:.1} s stopped in \
+         all), kill+restart {}, \
          force_release {} (rows deleted: guarded {}, unfenced {}), reap_expired {} ({} rows), \
          session kill {} ({} sessions; {} more found none)",
         d.done.values().sum::<u64>(),
         done(Action::Pause),
+        d.holders_paused,
         d.paused_for.as_secs_f64(),
         done(Action::Kill),
         done(Action::ForceRelease),

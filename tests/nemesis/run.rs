@@ -22,7 +22,7 @@ use crate::Res;
 use crate::check::{Findings, check};
 use crate::db::{Counter, Entry, Kind, Names, NemesisDb, Sessions};
 use crate::tally::Tally;
-use crate::worker::ROLE_ENV;
+use crate::worker::{ROLE_ENV, owner_prefix};
 
 /// Worker processes per server.
 pub const WORKERS: i32 = 8;
@@ -93,6 +93,8 @@ pub struct Deeds {
     /// so these should not happen).
     pub errors: Vec<String>,
     pub paused_for: Duration,
+    /// Pauses that stopped the guarded key's holder.
+    pub holders_paused: u64,
     /// Rows `force_release` deleted: guarded key, unfenced key.
     pub forced: (u64, u64),
     pub reaped: u64,
@@ -138,6 +140,23 @@ fn signal(pid: i32, sig: Signal) {
 
 fn random_ms(range: std::ops::RangeInclusive<u64>) -> Duration {
     Duration::from_millis(fastrand::u64(range))
+}
+
+/// Which of `procs` holds the guarded key now, by the owner prefix in its row (a live
+/// lease only: an expired row's holder is no longer interesting to stop).
+async fn holder_of<DB: NemesisDb>(locker: &Locker<DB>, procs: &[Proc]) -> Option<usize> {
+    let holder = timeout(Duration::from_secs(5), locker.holder(Kind::Guarded.key()))
+        .await
+        .ok()?
+        .ok()??;
+    if holder.expired {
+        return None;
+    }
+    procs.iter().position(|p| {
+        holder
+            .owner
+            .starts_with(&owner_prefix(p.worker, p.incarnation))
+    })
 }
 
 /// One worker process, as the nemesis sees it.
@@ -313,8 +332,23 @@ async fn go<DB: NemesisDb>(
                 let running: Vec<usize> = (0..procs.len())
                     .filter(|&i| procs[i].paused_until.is_none())
                     .collect();
-                let Some(&i) = fastrand::choice(&running) else {
+                // Half the pauses go to the holder of the guarded key (a random worker
+                // holds it one time in eight): those are the ones that test the fence.
+                let holder = if fastrand::bool() {
+                    holder_of(locker, &procs).await
+                } else {
+                    None
+                };
+                let Some(i) = holder
+                    .filter(|i| running.contains(i))
+                    .or_else(|| fastrand::choice(&running).copied())
+                else {
                     continue;
+                };
+                let of_holder = if holder == Some(i) {
+                    ", the guarded key's holder,"
+                } else {
+                    ""
                 };
                 let pause = random_ms(PAUSE_MS);
                 signal(procs[i].pid, Signal::SIGSTOP);
@@ -322,11 +356,12 @@ async fn go<DB: NemesisDb>(
                 let mut deeds = lock(&deeds);
                 *deeds.done.entry(action).or_default() += 1;
                 deeds.paused_for += pause;
+                deeds.holders_paused += u64::from(holder == Some(i));
                 let p = &procs[i];
                 deeds.note(
                     Utc::now(),
                     format!(
-                        "pause worker {}/{} for {:.2} s",
+                        "pause worker {}/{}{of_holder} for {:.2} s",
                         p.worker,
                         p.incarnation,
                         pause.as_secs_f64()

@@ -54,6 +54,11 @@ fn breather() -> Duration {
     Duration::from_millis(fastrand::u64(0..=10))
 }
 
+/// The start of every owner value of a worker's locks: `w<worker>.<incarnation>:`.
+pub fn owner_prefix(worker: i32, incarnation: i32) -> String {
+    format!("w{worker}.{incarnation}:")
+}
+
 /// Prints an event line (and nothing else may reach stdout).
 macro_rules! say {
     ($($arg:tt)+) => {
@@ -102,7 +107,11 @@ async fn work<DB: NemesisDb>(args: &[String]) -> Res<()> {
     };
     let pool = DB::connect(url, app, POOL, true).await?;
     let names = Names::from_lock(lock_table);
-    let locker = Locker::builder(pool.clone()).table(&names.lock).build()?;
+    // The owner values name the worker, so the nemesis can find the holder of a key.
+    let locker = Locker::builder(pool.clone())
+        .table(&names.lock)
+        .owner_prefix(owner_prefix(worker.parse()?, incarnation.parse()?))
+        .build()?;
     // The test closes stdin to stop the worker (or dies, which closes it too).
     let (stop_tx, stop) = watch::channel(false);
     tokio::spawn(async move {
