@@ -234,7 +234,9 @@ impl Setup {
 pub async fn run<DB: NemesisDb>(url: &str, duration: Duration) -> Res<Outcome> {
     let names = Names::random();
     let app = format!("dblock-{}", names.lock.replace('_', "-"));
-    let pool = DB::connect(url, &format!("{app}-main"), 4, false).await?;
+    // Room for force_release and reap statements that wait behind a paused worker's
+    // transaction while the nemesis goes on.
+    let pool = DB::connect(url, &format!("{app}-main"), 8, false).await?;
     let locker = Locker::builder(pool.clone()).table(&names.lock).build()?;
     let setup = Setup {
         url: url.to_owned(),
