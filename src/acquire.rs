@@ -48,33 +48,33 @@ struct Answer {
     owner: String,
 }
 
-type Statement = Pin<Box<dyn Future<Output = Answer> + Send>>;
+/// A statement that may have to outlive its caller: boxed, owning what it sends.
+pub(crate) type Statement<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The answer of the statement kept in `slot`, which is emptied only once it answered: a
+/// drop of the caller's future before that finds the statement still there, to hand it
+/// over to the engine. Called once.
+pub(crate) async fn answer<T>(slot: &mut Option<Statement<T>>) -> T {
+    let statement = slot
+        .as_mut()
+        .expect("a statement in flight is awaited once");
+    let answer = statement.as_mut().await;
+    *slot = None;
+    answer
+}
 
 /// The acquisition statement in flight. Dropped before it finished (the caller's future
 /// was dropped), it hands the statement to the engine, which lets it finish and removes
 /// a row it may have won.
 struct InFlight<'e, DB: Backend> {
     engine: &'e Engine<DB>,
-    statement: Option<Statement>,
+    statement: Option<Statement<Answer>>,
     /// The caller's, copied only if the statement is handed over (for the clean-up's
     /// warning when it cannot be done).
     key: &'e str,
     owner: &'e str,
     until: Instant,
     gate: &'e mut Gate,
-}
-
-impl<DB: Backend> InFlight<'_, DB> {
-    /// The statement's answer; called once, after which a drop has nothing to hand over.
-    async fn finish(&mut self) -> Answer {
-        let statement = self
-            .statement
-            .as_mut()
-            .expect("an InFlight is finished once");
-        let answer = statement.as_mut().await;
-        self.statement = None;
-        answer
-    }
 }
 
 impl<DB: Backend> Drop for InFlight<'_, DB> {
@@ -161,7 +161,7 @@ impl<DB: Backend> Engine<DB> {
         Counters::bump(&self.counters().attempts);
         let sent_at = Instant::now();
         let until = sent_at + request.lease;
-        let statement: Statement = {
+        let statement: Statement<Answer> = {
             let table = Arc::clone(self.table());
             let (key, owner, lease) = (
                 request.key.to_owned(),
@@ -189,7 +189,7 @@ impl<DB: Backend> Engine<DB> {
             outcome,
             key,
             owner,
-        } = in_flight.finish().await;
+        } = answer(&mut in_flight.statement).await;
         match outcome {
             Ok(Some(won)) => {
                 Counters::bump(&self.counters().acquired);

@@ -23,7 +23,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -32,7 +31,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 
-use crate::acquire::{AfterLoss, Pacing};
+use crate::acquire::{AfterLoss, Pacing, Statement, answer};
 use crate::config::RetryPolicy;
 use crate::dialect::Backend;
 use crate::engine::Engine;
@@ -316,7 +315,7 @@ impl<DB: Backend> Drop for Ticket<'_, DB> {
     }
 }
 
-type TicketStatement = Pin<Box<dyn Future<Output = std::result::Result<i64, sqlx::Error>> + Send>>;
+type TicketStatement = Statement<std::result::Result<i64, sqlx::Error>>;
 
 /// A ticket statement in flight. Dropped before it answered (its waiter went away), it
 /// hands the statement to the engine, which lets it finish and deletes the ticket it
@@ -328,15 +327,6 @@ struct TicketInFlight<'e, DB: Backend> {
     statement: Option<TicketStatement>,
     /// The end of the ticket's lease: past it, it no longer holds anyone up.
     until: Instant,
-}
-
-impl<DB: Backend> TicketInFlight<'_, DB> {
-    async fn finish(&mut self) -> std::result::Result<i64, sqlx::Error> {
-        let statement = self.statement.as_mut().expect("finished once");
-        let answer = statement.as_mut().await;
-        self.statement = None;
-        answer
-    }
 }
 
 impl<DB: Backend> Drop for TicketInFlight<'_, DB> {
@@ -376,8 +366,7 @@ impl<DB: Backend> Engine<DB> {
             statement: Some(statement),
             until,
         };
-        let number = in_flight
-            .finish()
+        let number = answer(&mut in_flight.statement)
             .await
             .map_err(|err| self.table().explain(err))?;
         let lost = Arc::new(AtomicBool::new(false));

@@ -72,6 +72,8 @@ mod semisync;
 mod server;
 #[path = "faults/skew.rs"]
 mod skew;
+#[path = "common/standalone.rs"]
+mod standalone;
 
 use db::FaultDb;
 use report::{Outcome, Report, Row};
@@ -84,33 +86,9 @@ fn main() -> ExitCode {
     if std::env::var_os(holder::ROLE_ENV).is_some() {
         return holder::child_main();
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    // `cargo nextest` and `--list` ask what is in here: one test, the whole suite.
-    if args.iter().any(|a| a == "--list") {
-        if !args.iter().any(|a| a == "--ignored") {
-            println!("faults: test");
-        }
+    let Some(filter) = standalone::selection("faults") else {
         return ExitCode::SUCCESS;
-    }
-    // Flags are libtest's (ignored here), and so are the values of those that take one.
-    let mut filter = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if [
-            "--test-threads",
-            "--skip",
-            "--format",
-            "--color",
-            "--logfile",
-            "-Z",
-        ]
-        .contains(&arg.as_str())
-        {
-            args.next();
-        } else if !arg.starts_with('-') && arg != "faults" {
-            filter.push(arg);
-        }
-    }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

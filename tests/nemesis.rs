@@ -38,6 +38,8 @@ mod check;
 mod db;
 #[path = "nemesis/run.rs"]
 mod run;
+#[path = "common/standalone.rs"]
+mod standalone;
 #[path = "nemesis/tally.rs"]
 mod tally;
 #[path = "nemesis/worker.rs"]
@@ -54,33 +56,9 @@ fn main() -> ExitCode {
     if std::env::var_os(worker::ROLE_ENV).is_some() {
         return worker::child_main();
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    // `cargo nextest` and `--list` ask what is in here: one test, the whole run.
-    if args.iter().any(|a| a == "--list") {
-        if !args.iter().any(|a| a == "--ignored") {
-            println!("nemesis: test");
-        }
+    let Some(filter) = standalone::selection("nemesis") else {
         return ExitCode::SUCCESS;
-    }
-    // Flags are libtest's (ignored here), and so are the values of those that take one.
-    let mut filter = Vec::new();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        if [
-            "--test-threads",
-            "--skip",
-            "--format",
-            "--color",
-            "--logfile",
-            "-Z",
-        ]
-        .contains(&arg.as_str())
-        {
-            args.next();
-        } else if !arg.starts_with('-') && arg != "nemesis" {
-            filter.push(arg);
-        }
-    }
+    };
     let wants =
         |label: &str| filter.is_empty() || filter.iter().any(|f| label.contains(f.as_str()));
 

@@ -97,8 +97,9 @@ macro_rules! scripts_and_history {
 }
 
 /// The waiting and fair-mode statements whose reading is the same for every database
-/// (one bound key or ticket, one scalar or row count back); their SQL stays in each
-/// dialect's `Statements`.
+/// (one bound key or list of tickets, one scalar or row count back); their SQL stays in
+/// each dialect's `Statements`, and a list of tickets is bound as the dialect's own
+/// `ticket_list` spells it (an array, or one JSON document).
 macro_rules! waiters_and_tickets {
     () => {
         fn note_waiter(
@@ -120,6 +121,15 @@ macro_rules! waiters_and_tickets {
                 .bind(key.to_owned())
                 .bind(ticket);
             async move { query.fetch_one(conn).await }
+        }
+
+        fn drop_tickets(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+            tickets: &[i64],
+        ) -> impl std::future::Future<Output = Result<(), sqlx::Error>> + Send {
+            let query = sqlx::query(super::audited(&sql.drop_tickets)).bind(ticket_list(tickets));
+            async move { query.execute(conn).await.map(drop) }
         }
 
         fn purge_tickets(
@@ -307,6 +317,40 @@ impl From<(String, String, i64, DateTime<Utc>, bool)> for RowState {
             renewed,
         }
     }
+}
+
+/// `(key, owner, fencing token, expiry)`, the column order of a renewal's answer and of
+/// its read-back where a dialect renews in one statement and reads back the rest.
+pub(crate) type RenewedRow = (String, String, i64, DateTime<Utc>);
+
+/// Rows a renewal's statement returned, as [`RowState`]s: `renewed` says whether that
+/// statement renewed them (the UPDATE's own rows) or only read them (the read-back).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn row_states(rows: Vec<RenewedRow>, renewed: bool) -> impl Iterator<Item = RowState> {
+    rows.into_iter()
+        .map(move |(key, owner, token, expires_at)| {
+            RowState::from((key, owner, token, expires_at, renewed))
+        })
+}
+
+/// The keys of `batch` that the renewed `rows` leave out: the ones to read back, to say
+/// why they were not renewed.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn unrenewed<'a>(batch: &[Renewal<'a>], rows: &[RowState]) -> Vec<&'a str> {
+    let renewed: std::collections::HashSet<&str> =
+        rows.iter().map(|row| row.key.as_str()).collect();
+    batch
+        .iter()
+        .map(|r| r.id.key)
+        .filter(|key| !renewed.contains(key))
+        .collect()
+}
+
+/// A list of numbers as one JSON array, for the databases that take a list as one JSON
+/// parameter.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn json_list(numbers: &[i64]) -> String {
+    serde_json::Value::from(numbers.to_vec()).to_string()
 }
 
 /// `(owner, fencing token, acquired at, expiry, expired)`, the column order of every

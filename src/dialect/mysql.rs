@@ -14,8 +14,13 @@ use sqlx::{MySql, MySqlConnection};
 use super::{
     Acquired, Contention, Inspected, ListQuery, Listed, LockId, LockSql, ReleasedRow, Renewal,
     RowLockMode, RowState, Sql, TxSql, audited, batch_json, ids_json, is_unique_violation,
-    quoted_after, sql,
+    json_list, quoted_after, sql,
 };
+
+/// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
+fn ticket_list(tickets: &[i64]) -> String {
+    json_list(tickets)
+}
 
 /// MySQL's statements for one table.
 #[doc(hidden)]
@@ -393,25 +398,13 @@ impl LockSql for MySql {
         i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
     }
 
-    async fn drop_tickets(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        tickets: &[i64],
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(audited(&sql.drop_tickets))
-            .bind(serde_json::Value::from(tickets.to_vec()).to_string())
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
     async fn renew_tickets(
         conn: &mut MySqlConnection,
         sql: &Statements,
         tickets: &[i64],
         lease_micros: i64,
     ) -> Result<Vec<i64>, sqlx::Error> {
-        let list = serde_json::Value::from(tickets.to_vec()).to_string();
+        let list = ticket_list(tickets);
         let done = sqlx::query(audited(&sql.renew_tickets))
             .bind(lease_micros)
             .bind(&list)

@@ -12,9 +12,14 @@ use sqlx::{PgConnection, Postgres};
 
 use super::{
     Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, ListenerOptions,
-    LockId, LockSql, Released, ReleasedRow, Releases, Renewal, RowLockMode, RowState, Sql,
-    SqlValue, TxSql, audited, db_code, quoted_after, sql,
+    LockId, LockSql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowLockMode, RowState,
+    Sql, SqlValue, TxSql, audited, db_code, quoted_after, row_states, sql, unrenewed,
 };
+
+/// A list of tickets as PostgreSQL takes it: an array.
+fn ticket_list(tickets: &[i64]) -> &[i64] {
+    tickets
+}
 
 /// PostgreSQL's statements for one table.
 #[doc(hidden)]
@@ -311,34 +316,22 @@ impl LockSql for Postgres {
         let owners: Vec<&str> = batch.iter().map(|r| r.id.owner).collect();
         let tokens: Vec<i64> = batch.iter().map(|r| r.id.fencing_token).collect();
         let micros: Vec<i64> = batch.iter().map(|r| r.lease_micros).collect();
-        let renewed: Vec<(String, String, i64, DateTime<Utc>)> =
-            sqlx::query_as(audited(&sql.renew))
-                .bind(&keys)
-                .bind(owners)
-                .bind(tokens)
-                .bind(micros)
-                .fetch_all(&mut *conn)
-                .await?;
-        let mut rows: Vec<RowState> = renewed
-            .into_iter()
-            .map(|(key, owner, token, expires_at)| {
-                RowState::from((key, owner, token, expires_at, true))
-            })
-            .collect();
+        let renewed: Vec<RenewedRow> = sqlx::query_as(audited(&sql.renew))
+            .bind(keys)
+            .bind(owners)
+            .bind(tokens)
+            .bind(micros)
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut rows: Vec<RowState> = row_states(renewed, true).collect();
         if rows.len() == batch.len() {
             return Ok(rows);
         }
-        let renewed: std::collections::HashSet<&str> =
-            rows.iter().map(|row| row.key.as_str()).collect();
-        let missing: Vec<&str> = keys.into_iter().filter(|k| !renewed.contains(k)).collect();
-        let others: Vec<(String, String, i64, DateTime<Utc>)> =
-            sqlx::query_as(audited(&sql.read_keys))
-                .bind(missing)
-                .fetch_all(conn)
-                .await?;
-        rows.extend(others.into_iter().map(|(key, owner, token, expires_at)| {
-            RowState::from((key, owner, token, expires_at, false))
-        }));
+        let others: Vec<RenewedRow> = sqlx::query_as(audited(&sql.read_keys))
+            .bind(unrenewed(batch, &rows))
+            .fetch_all(conn)
+            .await?;
+        rows.extend(row_states(others, false));
         Ok(rows)
     }
 
@@ -399,18 +392,6 @@ impl LockSql for Postgres {
             .await
     }
 
-    async fn drop_tickets(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        tickets: &[i64],
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(audited(&sql.drop_tickets))
-            .bind(tickets)
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
     async fn renew_tickets(
         conn: &mut PgConnection,
         sql: &Statements,
@@ -418,7 +399,7 @@ impl LockSql for Postgres {
         lease_micros: i64,
     ) -> Result<Vec<i64>, sqlx::Error> {
         sqlx::query_scalar(audited(&sql.renew_tickets))
-            .bind(tickets)
+            .bind(ticket_list(tickets))
             .bind(lease_micros)
             .fetch_all(conn)
             .await

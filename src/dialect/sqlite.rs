@@ -13,9 +13,14 @@ use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
     Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, LockId, LockSql,
-    ReleasedRow, Renewal, RowLockMode, RowState, Sql, TxSql, WriteGate, audited, batch_json,
-    db_code, ids_json, is_unique_violation, sql,
+    ReleasedRow, Renewal, RenewedRow, RowLockMode, RowState, Sql, TxSql, WriteGate, audited,
+    batch_json, db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
 };
+
+/// A list of tickets as SQLite takes it: one JSON array (read with `json_each`).
+fn ticket_list(tickets: &[i64]) -> String {
+    json_list(tickets)
+}
 use std::collections::HashMap;
 
 /// SQLite's statements for one table.
@@ -282,36 +287,21 @@ impl LockSql for Sqlite {
         sql: &Statements,
         batch: &[Renewal<'_>],
     ) -> Result<Vec<RowState>, sqlx::Error> {
-        let renewed: Vec<(String, String, i64, DateTime<Utc>)> =
-            sqlx::query_as(audited(&sql.renew))
-                .bind(batch_json(batch, |micros| modifier(micros).into()))
-                .fetch_all(&mut *conn)
-                .await?;
-        let mut rows: Vec<RowState> = renewed
-            .into_iter()
-            .map(|(key, owner, token, expires_at)| {
-                RowState::from((key, owner, token, expires_at, true))
-            })
-            .collect();
-        let renewed: std::collections::HashSet<&str> =
-            rows.iter().map(|row| row.key.as_str()).collect();
-        let missing: Vec<&str> = batch
-            .iter()
-            .map(|r| r.id.key)
-            .filter(|key| !renewed.contains(key))
-            .collect();
+        let renewed: Vec<RenewedRow> = sqlx::query_as(audited(&sql.renew))
+            .bind(batch_json(batch, |micros| modifier(micros).into()))
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut rows: Vec<RowState> = row_states(renewed, true).collect();
+        let missing = unrenewed(batch, &rows);
         if missing.is_empty() {
             return Ok(rows);
         }
         let keys = serde_json::to_string(&missing).map_err(|e| sqlx::Error::Encode(e.into()))?;
-        let others: Vec<(String, String, i64, DateTime<Utc>)> =
-            sqlx::query_as(audited(&sql.read_keys))
-                .bind(keys)
-                .fetch_all(conn)
-                .await?;
-        rows.extend(others.into_iter().map(|(key, owner, token, expires_at)| {
-            RowState::from((key, owner, token, expires_at, false))
-        }));
+        let others: Vec<RenewedRow> = sqlx::query_as(audited(&sql.read_keys))
+            .bind(keys)
+            .fetch_all(conn)
+            .await?;
+        rows.extend(row_states(others, false));
         Ok(rows)
     }
 
@@ -328,18 +318,6 @@ impl LockSql for Sqlite {
             .await
     }
 
-    async fn drop_tickets(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        tickets: &[i64],
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(audited(&sql.drop_tickets))
-            .bind(serde_json::Value::from(tickets.to_vec()).to_string())
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
     async fn renew_tickets(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -347,7 +325,7 @@ impl LockSql for Sqlite {
         lease_micros: i64,
     ) -> Result<Vec<i64>, sqlx::Error> {
         sqlx::query_scalar(audited(&sql.renew_tickets))
-            .bind(serde_json::Value::from(tickets.to_vec()).to_string())
+            .bind(ticket_list(tickets))
             .bind(modifier(lease_micros))
             .fetch_all(conn)
             .await

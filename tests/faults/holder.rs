@@ -248,8 +248,28 @@ impl HolderProc {
         signal(self.pid, Signal::SIGKILL);
     }
 
-    pub fn pause(&self) {
-        signal(self.pid, Signal::SIGSTOP);
+    /// SIGSTOPs the holder between two of its renewals, never in the middle of one:
+    /// right after a `RENEWED` line whose renewal is fresh (its expiry less `lease`,
+    /// within a third of the renewal `interval` of now; the suite, its holders and its
+    /// servers share this machine's clock). A process frozen in the middle of a write
+    /// keeps SQLite's write lock, which lives in the process, and no other process can
+    /// write until it thaws; a holder in a GC pause between statements holds nothing.
+    /// On a busy machine the suite may read a line late, when the next renewal has begun.
+    pub async fn pause_between_renewals(&mut self, lease: Duration, interval: Duration) -> Res<()> {
+        let fresh = i64::try_from((interval / 3).as_micros())?;
+        let lease = i64::try_from(lease.as_micros())?;
+        for _ in 0..20 {
+            let renewed_at = self
+                .next_renewal(Duration::from_micros(lease as u64))
+                .await?
+                .int(0)?
+                - lease;
+            if wall_micros() - renewed_at < fresh {
+                signal(self.pid, Signal::SIGSTOP);
+                return Ok(());
+            }
+        }
+        Err("no renewal of the holder was read soon enough to pause it between two".into())
     }
 
     pub fn resume(&self) {
@@ -268,13 +288,7 @@ impl HolderProc {
 
 /// Entry point of a holder process: `<url> <key> <lease ms> renew|no-renew|job<ms> <wait ms>`.
 pub fn child_main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let outcome = runtime.block_on(async {
+    crate::standalone::child_main(async |args: Vec<String>| -> Res<()> {
         let url = args.first().ok_or("no URL")?;
         match url.split(':').next() {
             Some("postgres") => hold::<Postgres>(&args).await,
@@ -282,14 +296,7 @@ pub fn child_main() -> ExitCode {
             Some("sqlite") => hold::<Sqlite>(&args).await,
             _ => Err(format!("unknown URL scheme in {url}").into()),
         }
-    });
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            println!("ERROR {}", err.to_string().replace('\n', " "));
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {

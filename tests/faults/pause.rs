@@ -34,9 +34,7 @@ pub async fn run<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
         "the live holder's fenced write: {}",
         write.text
     );
-    holder.next_renewal(LEASE).await?;
-
-    holder.pause();
+    holder.pause_between_renewals(LEASE, LEASE / 3).await?;
     let paused = Instant::now();
     // Whatever renewal was in flight, the database's expiry is no earlier than this.
     let last_expiry = holder.expiry;

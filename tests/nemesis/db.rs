@@ -260,6 +260,41 @@ fn history_sql(names: &Names) -> String {
     )
 }
 
+/// Appends the history row of write `w`, the `seq`-th of its counter, with `$insert`
+/// (the server's spelling of the same eight columns, the last its clock).
+macro_rules! append_history {
+    ($conn:expr, $insert:expr, $w:expr, $seq:expr) => {
+        sqlx::query(AssertSqlSafe($insert))
+            .bind($w.kind.id())
+            .bind($seq)
+            .bind($w.worker)
+            .bind($w.incarnation)
+            .bind($w.token)
+            .bind($w.read)
+            .bind($w.written)
+            .execute($conn)
+            .await?
+    };
+}
+
+/// The reads that are the same code for every server (sqlx's executor bounds do not lend
+/// themselves to a generic body, so a macro spells them out per type).
+macro_rules! same_everywhere {
+    () => {
+        async fn read_history(pool: &Pool<Self>, names: &Names) -> Res<Vec<Entry>> {
+            let rows: Vec<HistoryRow> = sqlx::query_as(AssertSqlSafe(history_sql(names)))
+                .fetch_all(pool)
+                .await?;
+            entries(rows)
+        }
+
+        async fn counters(pool: &Pool<Self>, names: &Names) -> Res<Vec<(Kind, Counter)>> {
+            let sql = format!("SELECT id, v, n FROM {} ORDER BY id", names.counter);
+            counters(sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?)
+        }
+    };
+}
+
 impl NemesisDb for Postgres {
     const LABEL: &'static str = "postgres";
     const REQUIRE: &'static str = "postgres";
@@ -327,30 +362,11 @@ impl NemesisDb for Postgres {
             "INSERT INTO {} VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())",
             names.history
         );
-        sqlx::query(AssertSqlSafe(insert))
-            .bind(w.kind.id())
-            .bind(seq)
-            .bind(w.worker)
-            .bind(w.incarnation)
-            .bind(w.token)
-            .bind(w.read)
-            .bind(w.written)
-            .execute(conn)
-            .await?;
+        append_history!(conn, insert, w, seq);
         Ok(seq)
     }
 
-    async fn read_history(pool: &Pool<Self>, names: &Names) -> Res<Vec<Entry>> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(AssertSqlSafe(history_sql(names)))
-            .fetch_all(pool)
-            .await?;
-        entries(rows)
-    }
-
-    async fn counters(pool: &Pool<Self>, names: &Names) -> Res<Vec<(Kind, Counter)>> {
-        let sql = format!("SELECT id, v, n FROM {} ORDER BY id", names.counter);
-        counters(sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?)
-    }
+    same_everywhere!();
 
     async fn kill_sessions(pool: &Pool<Self>, names: &Names, which: &Sessions) -> Res<u64> {
         // The worker's own sessions by their application name, which holds this run's
@@ -467,30 +483,11 @@ impl NemesisDb for MySql {
             "INSERT INTO {} VALUES (?, ?, ?, ?, ?, ?, ?, NOW(6))",
             names.history
         );
-        sqlx::query(AssertSqlSafe(insert))
-            .bind(w.kind.id())
-            .bind(seq)
-            .bind(w.worker)
-            .bind(w.incarnation)
-            .bind(w.token)
-            .bind(w.read)
-            .bind(w.written)
-            .execute(conn)
-            .await?;
+        append_history!(conn, insert, w, seq);
         Ok(seq)
     }
 
-    async fn read_history(pool: &Pool<Self>, names: &Names) -> Res<Vec<Entry>> {
-        let rows: Vec<HistoryRow> = sqlx::query_as(AssertSqlSafe(history_sql(names)))
-            .fetch_all(pool)
-            .await?;
-        entries(rows)
-    }
-
-    async fn counters(pool: &Pool<Self>, names: &Names) -> Res<Vec<(Kind, Counter)>> {
-        let sql = format!("SELECT id, v, n FROM {} ORDER BY id", names.counter);
-        counters(sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?)
-    }
+    same_everywhere!();
 
     async fn kill_sessions(pool: &Pool<Self>, _names: &Names, which: &Sessions) -> Res<u64> {
         // Only connections the worker reported as its own; of those, the ones still

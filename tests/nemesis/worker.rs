@@ -78,27 +78,14 @@ struct Worker<DB: NemesisDb> {
 
 /// Entry point of a worker process.
 pub fn child_main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let outcome = runtime.block_on(async {
+    crate::standalone::child_main(async |args: Vec<String>| -> Res<()> {
         let url = args.first().ok_or("no URL")?;
         match url.split(':').next() {
             Some("postgres" | "postgresql") => work::<Postgres>(&args).await,
             Some("mysql" | "mariadb") => work::<MySql>(&args).await,
             _ => Err(format!("unknown URL scheme in {url}").into()),
         }
-    });
-    match outcome {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            say!("ERROR {err}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 async fn work<DB: NemesisDb>(args: &[String]) -> Res<()> {
