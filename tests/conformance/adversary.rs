@@ -95,16 +95,26 @@ pub async fn fair_cancellation_storm_leaves_no_rows<DB: TestBackend>() {
             let (fair, counts) = (fair.clone(), counts.clone());
             tokio::spawn(async move {
                 let key = format!("storm-{}", n % 4);
+                // One task in four waits long and releases in full; the others are cut
+                // anywhere, their release too, now and then.
+                let patient = n % 4 == 0;
                 let work = async {
                     let guard = fair.acquire(&key, LEASE, Duration::from_secs(1)).await?;
                     counts[0].fetch_add(1, Ordering::Relaxed);
                     sleep(budget(Duration::from_millis(3))).await;
-                    // The release itself is cut short too, now and then.
-                    let cut = timeout(budget(Duration::from_millis(30)), guard.release()).await;
+                    let release_budget = match patient {
+                        true => PATIENCE,
+                        false => budget(Duration::from_millis(30)),
+                    };
+                    let cut = timeout(release_budget, guard.release()).await;
                     counts[if cut.is_ok() { 1 } else { 2 }].fetch_add(1, Ordering::Relaxed);
                     Ok::<_, Error>(())
                 };
-                let _ = timeout(budget(Duration::from_millis(400)), work).await;
+                let budget = match patient {
+                    true => PATIENCE,
+                    false => budget(Duration::from_millis(400)),
+                };
+                let _ = timeout(budget, work).await;
             })
         })
         .buffer_unordered(100)

@@ -99,25 +99,44 @@ pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection:
     scenario(ctx, report, selection, NAMES[7], no_orphans).await;
 }
 
-/// A proxy in front of the server and a locker whose pool goes through it, with one
-/// connection open that has prepared every lock statement already (so what the proxy
-/// holds is the statement's execution, not its preparation).
+/// A proxy in front of the server and a locker whose pool goes through it: one
+/// connection, which has prepared every lock statement already (so what the proxy holds
+/// is the statement's execution, not its preparation), and the engine's own connection,
+/// open and renewing.
 async fn proxied<DB: FaultDb>(ctx: &Ctx<DB>) -> Res<(Proxy, Locker<DB>)> {
     let proxy = Proxy::start(upstream_of(&ctx.url)).await;
     let pool = PoolOptions::<DB>::new()
-        .max_connections(4)
+        .max_connections(1)
         .test_before_acquire(false)
         .connect(&via_proxy(&ctx.url, proxy.addr()))
         .await?;
     let locker = Locker::new(pool);
+    // First the engine's connection (it may take the pool's idle one, and the pool opens
+    // another): a renewal shows it is open.
+    let engine_warm_up = locker
+        .try_acquire("fault:warm-up-engine", SHORT_LEASE)
+        .await?
+        .ok_or("warm-up key held")?;
+    renewed(&engine_warm_up, SHORT_LEASE).await?;
+    // Then the pool's one connection prepares every statement the scenarios send.
     let warm_up = "fault:warm-up";
-    let guard = locker
+    let quiet = locker.auto_renew(false);
+    let guard = quiet
         .try_acquire(warm_up, LONG_LEASE)
         .await?
         .ok_or("warm-up key held")?;
     guard.extend(LONG_LEASE).await?;
     guard.release().await?;
-    locker.holder(warm_up).await?;
+    quiet.holder(warm_up).await?;
+    engine_warm_up.release().await?;
+    // sqlx hands a connection back to its pool after a ping, in a task of its own: wait
+    // for it, or a scenario that holds the proxy's answers would hold that ping, and the
+    // pool's one connection with it.
+    let pool = locker.pool().clone();
+    eventually("the pool's connection is back", STEP, async || {
+        Ok(pool.size() == 1 && pool.num_idle() == 1)
+    })
+    .await?;
     Ok((proxy, locker))
 }
 

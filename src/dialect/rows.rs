@@ -1,0 +1,233 @@
+//! The values that cross the boundary between the lock-table layer and the dialects:
+//! what a statement is asked (a lock's id, a batch, a list query) and what it answers
+//! (rows as dblock reads them), with the column orders every dialect's queries share.
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+use sqlx::Database;
+
+/// What the database answered to a successful acquisition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acquired {
+    /// The fencing token written with the row.
+    pub fencing_token: i64,
+    /// The expiry the database computed from its own clock.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The row a guard holds: key, owner value and the fencing token it was written with.
+/// Checking the token too means a stale guard of a reused owner value (reentrant
+/// [`Owner`](crate::Owner)) can never touch a newer acquisition.
+#[derive(Debug, Clone, Copy)]
+pub struct LockId<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The owner value.
+    pub owner: &'a str,
+    /// The fencing token of this acquisition.
+    pub fencing_token: i64,
+}
+
+/// One lease to renew in a batch: its row and the lease length to set.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    /// The row, owner- and token-checked.
+    pub id: LockId<'a>,
+    /// The new lease, counted from the database's clock when the statement runs.
+    pub lease_micros: i64,
+}
+
+/// A lock-table row as a batched renewal or an inspection saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowState {
+    /// The key.
+    pub key: String,
+    /// The owner value in the row.
+    pub owner: String,
+    /// The fencing token in the row.
+    pub fencing_token: i64,
+    /// The row's expiry (the new one, when `renewed`).
+    pub expires_at: DateTime<Utc>,
+    /// Whether this statement renewed the row (it was the requested owner's and token's,
+    /// and unexpired by the database clock).
+    pub renewed: bool,
+}
+
+/// A row a batched release deleted ([`LockSql::release_batch`](super::LockSql::release_batch)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleasedRow {
+    /// The key, free now.
+    pub key: String,
+    /// The row's fencing token.
+    pub fencing_token: i64,
+    /// Whether its lease had already run out by the database clock.
+    pub expired: bool,
+}
+
+/// Who holds one key, as [`LockSql::inspect`](super::LockSql::inspect) reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspected {
+    /// The owner value.
+    pub owner: String,
+    /// The fencing token.
+    pub fencing_token: i64,
+    /// When the row was written by its acquisition, by the database clock.
+    pub acquired_at: DateTime<Utc>,
+    /// The lease's end by the database clock.
+    pub expires_at: DateTime<Utc>,
+    /// Whether that end has passed, by the database clock.
+    pub expired: bool,
+}
+
+/// Which rows [`LockSql::list`](super::LockSql::list) reads: keys from `from` (inclusive) up to `until`
+/// (exclusive; `None`: no end), compared as bytes, in that order, at most `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct ListQuery<'a> {
+    /// The smallest key listed.
+    pub from: &'a str,
+    /// The first key past the range.
+    pub until: Option<&'a str>,
+    /// Only rows acquired at least this many microseconds ago (database clock).
+    pub held_micros: Option<i64>,
+    /// `Some(true)`: only rows whose lease has run out (database clock); `Some(false)`:
+    /// only live ones; `None`: both.
+    pub expired: Option<bool>,
+    /// Most rows returned.
+    pub limit: i64,
+}
+
+/// One row as [`LockSql::list`](super::LockSql::list) reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The key.
+    pub key: String,
+    /// The row as [`LockSql::inspect`](super::LockSql::inspect) would read it.
+    pub row: Inspected,
+    /// The database clock when the rows were read.
+    pub read_at: DateTime<Utc>,
+}
+
+/// `(key, owner, fencing token, acquired at, expiry, expired, read at)`, the column order
+/// of every dialect's list query.
+pub(crate) type ListedRow = (
+    String,
+    String,
+    i64,
+    DateTime<Utc>,
+    DateTime<Utc>,
+    bool,
+    DateTime<Utc>,
+);
+
+impl From<ListedRow> for Listed {
+    fn from(
+        (key, owner, fencing_token, acquired_at, expires_at, expired, read_at): ListedRow,
+    ) -> Self {
+        Listed {
+            key,
+            row: Inspected {
+                owner,
+                fencing_token,
+                acquired_at,
+                expires_at,
+                expired,
+            },
+            read_at,
+        }
+    }
+}
+
+/// `(key, owner, fencing token, expiry, renewed)`, the column order of the dialects'
+/// renewal answers.
+impl From<(String, String, i64, DateTime<Utc>, bool)> for RowState {
+    fn from(
+        (key, owner, fencing_token, expires_at, renewed): (
+            String,
+            String,
+            i64,
+            DateTime<Utc>,
+            bool,
+        ),
+    ) -> Self {
+        RowState {
+            key,
+            owner,
+            fencing_token,
+            expires_at,
+            renewed,
+        }
+    }
+}
+
+/// `(key, owner, fencing token, expiry)`, the column order of a renewal's answer and of
+/// its read-back where a dialect renews in one statement and reads back the rest.
+pub(crate) type RenewedRow = (String, String, i64, DateTime<Utc>);
+
+/// Rows a renewal's statement returned, as [`RowState`]s: `renewed` says whether that
+/// statement renewed them (the UPDATE's own rows) or only read them (the read-back).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn row_states(rows: Vec<RenewedRow>, renewed: bool) -> impl Iterator<Item = RowState> {
+    rows.into_iter()
+        .map(move |(key, owner, token, expires_at)| {
+            RowState::from((key, owner, token, expires_at, renewed))
+        })
+}
+
+/// The keys of `batch` that the renewed `rows` leave out: the ones to read back, to say
+/// why they were not renewed.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn unrenewed<'a>(batch: &[Renewal<'a>], rows: &[RowState]) -> Vec<&'a str> {
+    let renewed: std::collections::HashSet<&str> =
+        rows.iter().map(|row| row.key.as_str()).collect();
+    batch
+        .iter()
+        .map(|r| r.id.key)
+        .filter(|key| !renewed.contains(key))
+        .collect()
+}
+
+/// `(owner, fencing token, acquired at, expiry, expired)`, the column order of every
+/// dialect's inspection query.
+pub(crate) type InspectedRow = (String, i64, DateTime<Utc>, DateTime<Utc>, bool);
+
+impl From<InspectedRow> for Inspected {
+    fn from((owner, fencing_token, acquired_at, expires_at, expired): InspectedRow) -> Self {
+        Inspected {
+            owner,
+            fencing_token,
+            acquired_at,
+            expires_at,
+            expired,
+        }
+    }
+}
+
+/// Where a release listener connects.
+pub struct ListenerOptions<DB: Database> {
+    /// The connect options.
+    pub options: <DB::Connection as sqlx::Connection>::Options,
+    /// Whether the caller named this address for the listener (trusted to be a session
+    /// of its own), rather than dblock taking the pool's, which may lead to a pooler.
+    pub given: bool,
+}
+
+/// A release a listener heard: the row of `key` with `fencing_token` was deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Released {
+    /// The key, free now.
+    pub key: String,
+    /// The token of the row that went (which tells a Locker's own releases apart).
+    pub fencing_token: i64,
+}
+
+/// The releases a listener hears, one at a time.
+pub trait Releases: Send {
+    /// The next release. `Ok(None)`: the connection was lost and has been opened again,
+    /// and releases in between may have been missed. An error: the listener is broken;
+    /// drop it and listen anew.
+    fn next(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Released>, sqlx::Error>> + Send + '_>>;
+}
+
