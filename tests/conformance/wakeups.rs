@@ -4,23 +4,42 @@
 
 use std::time::Duration;
 
-use dblock::{LockGuard, Locker};
+use dblock::{LockGuard, Locker, RetryPolicy};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
 use super::{LONG, PATIENCE};
 use crate::common::{TestBackend, TestDb, wait_until};
 
-/// How soon after a release elsewhere a woken waiter holds the lock: a notification
-/// takes a round trip or two; without one the waiter sleeps on, at least 250 ms (half of
-/// the default policy's 500 ms cap) once its listener is up.
-const WOKEN_WITHIN: Duration = Duration::from_millis(150);
+/// The backoff of the waiters that listen: capped at a minute, so that a waiter whose
+/// listener is up sleeps at least 30 s (half the cap) after a lost attempt. Granted
+/// sooner than that after a release, it was woken by the release's notification, however
+/// busy the machine (a bound on the wake-up's own latency failed with two CPU burners
+/// beside CI: 171 ms against 150).
+const SLEEPY: RetryPolicy = RetryPolicy {
+    initial: Duration::from_millis(10),
+    max: Duration::from_secs(60),
+};
+/// A grant sooner than this after the release was the notification's doing: without it
+/// the waiter would sleep on until the holder's lease ([`LONG`], 30 s) or its pause
+/// (30-60 s) ended, whichever comes first.
+const WOKEN_WITHIN: Duration = Duration::from_secs(10);
 
 /// A second "process" on the test's table: its own pool, its own listener.
 async fn another_locker<DB: TestBackend>(db: &TestDb<DB>) -> Locker<DB> {
     Locker::builder(db.another_pool().await)
         .table(&db.table)
         .auto_renew(false)
+        .build()
+        .expect("a valid table name")
+}
+
+/// [`another_locker`] whose waiters, once listening, sleep [`SLEEPY`]'s long pauses.
+async fn sleepy_locker<DB: TestBackend>(db: &TestDb<DB>) -> Locker<DB> {
+    Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .auto_renew(false)
+        .retry(SLEEPY)
         .build()
         .expect("a valid table name")
 }
@@ -70,7 +89,7 @@ async fn woken_by_release<DB: TestBackend>(
     let before = locker.stats();
     let waiter = wait_for(locker, key);
     // The waiter marks the row after its lost attempt and, its listener being up, then
-    // sleeps at least 250 ms: the release below comes well inside that sleep.
+    // sleeps at least 30 s: the release below comes well inside that sleep.
     wait_until("the waiter marked the row", PATIENCE, async || {
         db.plain.marked(key).await
     })
@@ -125,6 +144,7 @@ pub async fn releases_elsewhere_wake_waiters<DB: TestBackend>() {
         guard.release().await.unwrap();
         return;
     }
+    let other = sleepy_locker(&db).await;
     start_listener(&db, &other, "warm-up").await;
     assert_eq!(other.stats().listener_connects, 1);
     assert_eq!(db.plain.listeners().await, 1, "one listener per Locker");
@@ -147,7 +167,7 @@ pub async fn killed_listener_comes_back<DB: TestBackend>() {
         return;
     }
     let key = "relisten";
-    let other = another_locker(&db).await;
+    let other = sleepy_locker(&db).await;
     start_listener(&db, &other, "warm-up").await;
     assert_eq!(other.stats().listener_connects, 1);
 
