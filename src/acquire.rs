@@ -1,21 +1,33 @@
-//! Acquisition: one attempt, and the waiting loop around it. The attempt's statement runs
-//! on the caller's task; only when the caller goes away mid-statement is the statement
-//! handed to the engine to finish, so that a lock the database granted to nobody is
-//! released at once.
+//! Acquisition: one attempt, and the one loop that waits for a key.
+//!
+//! The attempt's statement runs on the caller's task; only when the caller goes away
+//! mid-statement is the statement handed to a background job to finish, so that a lock
+//! the database granted to nobody is released at once.
+//!
+//! The waiting loop ([`wait_for`]) is written once. What differs between waiting modes is
+//! the [`Line`] the waiter joins (the local FIFO queue, or fair mode's tickets): the loop
+//! asks its place whether it may attempt, what the attempt carries, and what to do after a
+//! loss and on a win. Between attempts it paces itself the same way in every mode: it
+//! asks the holder's release to wake it (and reads how long the holder's lease has left),
+//! then sleeps until the lease ends, its backoff runs out, or it is told to look again,
+//! whichever is first.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::{Instant, sleep};
 
-use crate::dialect::{Acquired, Backend, Contention, LockId};
-use crate::engine::Engine;
+use crate::config::RetryPolicy;
+use crate::core::Core;
+use crate::dialect::{Acquired, Backend, LockId};
 use crate::error::{Error, Result};
+use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
-use crate::retry::{Backoff, Retry, by, retry};
+use crate::line::Line;
+use crate::queue::Fifo;
+use crate::retry::{Backoff, Retry, by_deadline, retry};
 use crate::stats::Counters;
 use crate::table::LockTable;
 
@@ -39,42 +51,30 @@ pub(crate) type Gate = Option<OwnedMutexGuard<()>>;
 /// How long a timed-out wait may spend reading who held the key, for its error.
 const HOLDER_READ: Duration = Duration::from_millis(500);
 
+/// Most jitter added to a sleep until the holder's lease ends.
+const EXPIRY_JITTER: Duration = Duration::from_millis(5);
+
 /// What the acquisition statement answered, with the key and owner it was sent for: the
 /// statement owns copies of them (it must outlive a caller that goes away) and gives them
 /// back for the lease.
 struct Answer {
-    outcome: Result<Option<Acquired>, sqlx::Error>,
+    outcome: Result<Option<Acquired>>,
     key: String,
     owner: String,
 }
 
-/// A statement that may have to outlive its caller: boxed, owning what it sends.
-pub(crate) type Statement<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// The answer of the statement kept in `slot`, which is emptied only once it answered: a
-/// drop of the caller's future before that finds the statement still there, to hand it
-/// over to the engine. Called once.
-pub(crate) async fn answer<T>(slot: &mut Option<Statement<T>>) -> T {
-    let statement = slot
-        .as_mut()
-        .expect("a statement in flight is awaited once");
-    let answer = statement.as_mut().await;
-    *slot = None;
-    answer
-}
-
 /// The acquisition statement in flight. Dropped before it finished (the caller's future
-/// was dropped), it hands the statement to the engine, which lets it finish and removes
-/// a row it may have won.
-struct InFlight<'e, DB: Backend> {
-    engine: &'e Engine<DB>,
+/// was dropped), it hands the statement to a background job, which lets it finish and
+/// removes a row it may have won.
+struct InFlight<'c, DB: Backend> {
+    core: &'c Core<DB>,
     statement: Option<Statement<Answer>>,
     /// The caller's, copied only if the statement is handed over (for the clean-up's
     /// warning when it cannot be done).
-    key: &'e str,
-    owner: &'e str,
+    key: &'c str,
+    owner: &'c str,
     until: Instant,
-    gate: &'e mut Gate,
+    gate: &'c mut Gate,
 }
 
 impl<DB: Backend> Drop for InFlight<'_, DB> {
@@ -82,11 +82,10 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
         let Some(statement) = self.statement.take() else {
             return;
         };
-        let table = Arc::clone(self.engine.table());
-        let policy = *self.engine.retry_policy();
+        let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
         let (key, owner) = (self.key.to_owned(), self.owner.to_owned());
         let (until, gate) = (self.until, self.gate.take());
-        self.engine.spawn_job(async move {
+        self.core.jobs.spawn(async move {
             let token = match tokio::time::timeout_at(until, statement).await {
                 // Lost the race: nothing of ours to remove.
                 Ok(Answer {
@@ -115,7 +114,7 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
 /// `until`, when the lease would have ended anyway.
 async fn remove_leftover<DB: Backend>(
     table: &LockTable<DB>,
-    policy: &crate::config::RetryPolicy,
+    policy: &RetryPolicy,
     key: &str,
     owner: &str,
     token: Option<i64>,
@@ -129,9 +128,9 @@ async fn remove_leftover<DB: Backend>(
                     owner,
                     fencing_token,
                 };
-                by(until, table.release(id)).await.map(drop)
+                by_deadline(until, table.release(id, until)).await.map(drop)
             }
-            None => by(until, table.release_if_owned(key, owner)).await,
+            None => by_deadline(until, table.release_if_owned(key, owner)).await,
         };
         removed.map_err(Retry::Again)
     })
@@ -141,221 +140,245 @@ async fn remove_leftover<DB: Backend>(
     }
 }
 
-impl<DB: Backend> Engine<DB> {
-    /// One acquisition attempt with validated input. `Ok(None)` when the key is held or
-    /// the race was lost.
-    pub(crate) async fn attempt(
-        &self,
-        request: Request<'_>,
-        gate: &mut Gate,
-    ) -> Result<Option<Arc<Lease>>> {
-        // The fair-mode check and the failure clean-up below are boxed: held inline they
-        // made every attempt's future 2.2 KB, too big for the allocator's fast path when
-        // `try_acquire` boxes it, and copied on each move.
-        if self.tickets().is_some() {
-            let ahead = Box::pin(self.table().earlier_ticket(request.key, request.ticket));
-            if ahead.await.map_err(|err| self.table().explain(err))? {
-                return Ok(None);
-            }
+/// One acquisition attempt with validated input. `Ok(None)` when the key is held or the
+/// race was lost.
+pub(crate) async fn attempt<DB: Backend>(
+    core: &Core<DB>,
+    request: Request<'_>,
+    gate: &mut Gate,
+) -> Result<Option<Arc<Lease>>> {
+    // The fair-mode check and the failure clean-up below are boxed: held inline they made
+    // every attempt's future bigger, which the allocator and every move pay for.
+    if core.tickets.is_some() {
+        let ahead = Box::pin(core.table.earlier_ticket(request.key, request.ticket));
+        if ahead.await? {
+            return Ok(None);
         }
-        Counters::bump(&self.counters().attempts);
-        let sent_at = Instant::now();
-        let until = sent_at + request.lease;
-        let statement: Statement<Answer> = {
-            let table = Arc::clone(self.table());
-            let (key, owner, lease) = (
-                request.key.to_owned(),
-                request.owner.to_owned(),
-                request.lease,
-            );
-            Box::pin(async move {
-                let outcome = table.acquire(&key, &owner, lease).await;
-                Answer {
-                    outcome,
-                    key,
-                    owner,
-                }
-            })
-        };
-        let mut in_flight = InFlight {
-            engine: self,
-            statement: Some(statement),
-            key: request.key,
-            owner: request.owner,
-            until,
-            gate,
-        };
-        let Answer {
-            outcome,
-            key,
-            owner,
-        } = answer(&mut in_flight.statement).await;
-        match outcome {
-            Ok(Some(won)) => {
-                Counters::bump(&self.counters().acquired);
-                tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
-                Ok(Some(self.start_lease(Won {
-                    key,
-                    owner,
-                    fencing_token: won.fencing_token,
-                    expires_at: won.expires_at,
-                    length: request.lease,
-                    interval: request.renew,
-                    sent_at,
-                })))
+    }
+    Counters::bump(&core.counters.attempts);
+    let sent_at = Instant::now();
+    let until = sent_at + request.lease;
+    let statement: Statement<Answer> = {
+        let table = Arc::clone(&core.table);
+        let (key, owner, lease) = (
+            request.key.to_owned(),
+            request.owner.to_owned(),
+            request.lease,
+        );
+        Box::pin(async move {
+            let outcome = table.acquire(&key, &owner, lease).await;
+            Answer {
+                outcome,
+                key,
+                owner,
             }
-            Ok(None) => Ok(None),
-            Err(err) if LockTable::<DB>::contention(&err) != Contention::Failure => {
-                tracing::trace!(key = request.key, error = %err, "lost an acquisition race");
-                Ok(None)
-            }
-            Err(err) if in_flight.gate.is_some() => {
-                // A reentrant owner may try again with the same value as soon as it has
-                // the answer: clean up once, before answering, so that no clean-up can
-                // delete its next acquisition (the row expires if this try fails too).
-                let clean = by(
-                    until,
-                    Box::pin(self.table().release_if_owned(request.key, request.owner)),
+        })
+    };
+    let mut in_flight = InFlight {
+        core,
+        statement: Some(statement),
+        key: request.key,
+        owner: request.owner,
+        until,
+        gate,
+    };
+    let Answer {
+        outcome,
+        key,
+        owner,
+    } = answer(&mut in_flight.statement).await;
+    match outcome {
+        Ok(Some(won)) => {
+            Counters::bump(&core.counters.acquired);
+            tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
+            Ok(Some(core.engine.start_lease(Won {
+                key,
+                owner,
+                fencing_token: won.fencing_token,
+                expires_at: won.expires_at,
+                length: request.lease,
+                interval: request.renew,
+                sent_at,
+            })))
+        }
+        Ok(None) => Ok(None),
+        Err(err) if in_flight.gate.is_some() => {
+            // A reentrant owner may try again with the same value as soon as it has the
+            // answer: clean up once, before answering, so that no clean-up can delete its
+            // next acquisition (the row expires if this try fails too).
+            let clean = Box::pin(core.table.release_if_owned(request.key, request.owner));
+            if by_deadline(until, clean).await.is_err() {
+                tracing::warn!(
+                    key = request.key,
+                    owner = request.owner,
+                    "could not check for a row left by a failed acquisition; it will expire"
                 );
-                if clean.await.is_err() {
-                    tracing::warn!(
-                        key = request.key,
-                        owner = request.owner,
-                        "could not check for a row left by a failed acquisition; it will expire"
-                    );
-                }
-                Err(self.table().explain(err))
             }
-            Err(err) => {
-                // The reply was lost, not necessarily the statement, and the connection
-                // that lost it is likely down for a while. Answer now; the engine keeps
-                // trying to remove a row this owner may have committed until its lease
-                // would have ended anyway: nobody else will ever use this owner value.
-                let table = Arc::clone(self.table());
-                let policy = *self.retry_policy();
-                self.spawn_job(async move {
-                    remove_leftover(&table, &policy, &key, &owner, None, until).await;
-                });
-                Err(self.table().explain(err))
-            }
+            Err(err)
+        }
+        Err(err) => {
+            // The reply was lost, not necessarily the statement, and the connection that
+            // lost it is likely down for a while. Answer now; a background job keeps
+            // trying to remove a row this owner may have committed until its lease would
+            // have ended anyway: nobody else will ever use this owner value.
+            let (table, policy) = (Arc::clone(&core.table), core.retry);
+            core.jobs.spawn(async move {
+                remove_leftover(&table, &policy, &key, &owner, None, until).await;
+            });
+            Err(err)
         }
     }
+}
 
-    /// Calls `attempt` until it wins or `wait` has passed (holding no connection while
-    /// it waits); a database error ends the wait at once: an outage is not contention.
-    ///
-    /// Waiters of this Locker for one key queue in arrival order ([`LocalQueues`]): only
-    /// the head attempts, so one process sends at most one attempt at a time per key. A
-    /// head that lost asks to be woken by the release ([`LockTable::note_waiter`]: a
-    /// listener hears releases elsewhere on PostgreSQL, and releases through this Locker
-    /// wake it on every backend), then sleeps until the holder's lease ends or its backoff
-    /// runs out, whichever is sooner: the fallback when no wake-up comes. A waiter that
-    /// becomes the head because the one ahead won waits for that release, without an
-    /// attempt that must fail.
-    ///
-    /// [`LocalQueues`]: crate::queue::LocalQueues
-    pub(crate) async fn wait_for<F>(
-        &self,
-        key: &str,
-        wait: Duration,
-        mut attempt: impl FnMut(Option<i64>) -> F,
-    ) -> Result<Arc<Lease>>
-    where
-        F: Future<Output = Result<Option<Arc<Lease>>>>,
-    {
-        if let Some(tickets) = self.tickets() {
-            return self.wait_fair(key, wait, tickets, attempt).await;
-        }
-        let started = Instant::now();
-        let deadline = started + wait;
-        let place = self.queues().join(key);
-        let mut pacing = Pacing::new(self.retry_policy(), deadline);
-        let mut attempts = 0u32;
-        // Whether the head's next turn starts with an attempt: not while the key is held
-        // by the waiter that was ahead (its release says when).
-        let mut try_now = true;
-        loop {
-            let head = place.is_head();
-            // A zero wait is one attempt, queue or not: `try` semantics.
-            let pause = if (head && try_now) || (wait.is_zero() && attempts == 0) {
-                attempts += 1;
-                if let Some(lease) = attempt(None).await? {
-                    place.won();
-                    return Ok(lease);
-                }
-                if wait.is_zero() {
-                    break;
-                }
-                match pacing.after_loss(self, key).await {
-                    AfterLoss::TryAgain => continue,
-                    AfterLoss::Sleep(pause) => pause,
-                    AfterLoss::GiveUp => break,
-                }
-            } else if head {
-                // Held by the waiter that was ahead: its release (or the engine, if that
-                // lease is lost) wakes this one; the sleep only guards a signal never sent.
-                if Instant::now() >= deadline {
-                    break;
-                }
-                pacing.backoff.longest()
-            } else if Instant::now() < deadline {
-                deadline - Instant::now()
-            } else {
-                break;
-            };
-            try_now = tokio::select! {
-                held_ahead = place.signalled() => !held_ahead,
-                _ = sleep(pause) => true,
-            };
-            if Instant::now() >= deadline && !place.is_head() {
+/// Calls `attempt` until it wins or `wait` has passed (holding no connection while it
+/// waits), in the Locker's line for `key`: the local FIFO queue, or fair mode's tickets.
+/// A database error ends the wait at once: an outage is not contention.
+pub(crate) async fn wait_for<DB: Backend, F>(
+    core: &Core<DB>,
+    key: &str,
+    wait: Duration,
+    attempt: impl FnMut(Option<i64>) -> F,
+) -> Result<Arc<Lease>>
+where
+    F: Future<Output = Result<Option<Arc<Lease>>>>,
+{
+    match core.fair_line() {
+        // Boxed: the rarer mode's state would otherwise grow every waiter's future.
+        Some(fair) => Box::pin(wait_in(core, &fair, key, wait, attempt)).await,
+        None => wait_in(core, &Fifo(&core.queues), key, wait, attempt).await,
+    }
+}
+
+/// The waiting loop. A waiter whose turn it is attempts; after a lost attempt it asks the
+/// holder's release to wake it (`NotifySql::note_waiter`: a listener hears releases
+/// elsewhere on PostgreSQL, and releases through this Locker wake it on every backend),
+/// then sleeps until the holder's lease ends or its backoff runs out, whichever is sooner:
+/// the fallback when no wake-up comes. A waiter whose turn came because the one ahead won
+/// waits for that release, without an attempt that must fail. A zero wait is one attempt.
+async fn wait_in<DB: Backend, F>(
+    core: &Core<DB>,
+    line: &dyn Line,
+    key: &str,
+    wait: Duration,
+    mut attempt: impl FnMut(Option<i64>) -> F,
+) -> Result<Arc<Lease>>
+where
+    F: Future<Output = Result<Option<Arc<Lease>>>>,
+{
+    let started = Instant::now();
+    let deadline = started + wait;
+    let mut place = line.join(key);
+    let mut pacing = Pacing::new(&core.retry, deadline);
+    let mut attempts = 0u32;
+    // Whether the next turn starts with an attempt: not while the key is held by the
+    // waiter that was ahead (its release says when).
+    let mut try_now = true;
+    loop {
+        let turn = place.may_attempt();
+        let pause = if (turn && try_now) || (wait.is_zero() && attempts == 0) {
+            attempts += 1;
+            let ticket = place.ticket().await?;
+            if let Some(lease) = attempt(ticket).await? {
+                return Ok(place.won(lease).await);
+            }
+            if wait.is_zero() || Instant::now() >= deadline {
                 break;
             }
+            place.lost().await?;
+            match pacing.after_loss(core, key).await {
+                AfterLoss::TryAgain => continue,
+                AfterLoss::Sleep(pause) => pause,
+                AfterLoss::GiveUp => break,
+            }
+        } else if turn {
+            // Held by the waiter that was ahead: its release (or the engine, if that
+            // lease is lost) wakes this one; the sleep only guards a signal never sent.
+            if Instant::now() >= deadline {
+                break;
+            }
+            pacing.backoff.longest()
+        } else if Instant::now() < deadline {
+            deadline - Instant::now()
+        } else {
+            break;
+        };
+        try_now = tokio::select! {
+            held_ahead = place.signalled() => !held_ahead,
+            _ = sleep(pause) => true,
+        };
+        if Instant::now() >= deadline && !place.may_attempt() {
+            break;
         }
-        drop(place);
-        Err(self.timed_out(key, started, attempts).await)
     }
+    drop(place);
+    Err(timed_out(core, key, started, attempts).await)
+}
 
-    /// The [`Error::Timeout`] of a wait for `key` that started at `started`.
-    pub(crate) async fn timed_out(&self, key: &str, started: Instant, attempts: u32) -> Error {
-        let waited = started.elapsed();
-        // Who kept the key: worth one more read (briefly), the wait is over anyway.
-        let read = by(Instant::now() + HOLDER_READ, self.table().inspect(key));
-        let holder = read.await.ok().flatten();
-        Error::Timeout {
-            key: key.to_owned(),
-            waited,
-            attempts,
-            held_by: holder.as_ref().map(|h| h.owner.clone()),
-            held_until: holder.map(|h| h.expires_at),
+/// The [`Error::Timeout`] of a wait for `key` that started at `started`.
+async fn timed_out<DB: Backend>(
+    core: &Core<DB>,
+    key: &str,
+    started: Instant,
+    attempts: u32,
+) -> Error {
+    let waited = started.elapsed();
+    // Who kept the key: worth one more read (briefly), the wait is over anyway.
+    let read = by_deadline(Instant::now() + HOLDER_READ, core.table.inspect(key));
+    let holder = read.await.ok().flatten();
+    Error::Timeout {
+        key: key.to_owned(),
+        waited,
+        attempts,
+        held_by: holder.as_ref().map(|h| h.owner.clone()),
+        held_until: holder.map(|h| h.expires_at),
+    }
+}
+
+/// How a waiter spaces its attempts: its backoff, and whether its last lost attempt
+/// found the key free (such a key is tried again at once, but not twice in a row).
+struct Pacing {
+    backoff: Backoff,
+    deadline: Instant,
+    retried_free: bool,
+}
+
+/// What a waiter does after a lost attempt.
+enum AfterLoss {
+    TryAgain,
+    Sleep(Duration),
+    GiveUp,
+}
+
+impl Pacing {
+    fn new(policy: &RetryPolicy, deadline: Instant) -> Self {
+        Pacing {
+            backoff: Backoff::new(policy, deadline),
+            deadline,
+            retried_free: false,
         }
     }
 
     /// After a lost attempt: asks the holder's release to wake this waiter and reads how
     /// long the holder's lease has left, then says how long to sleep: the backoff's next
     /// pause, or until the lease ends (plus a little jitter, so that waiters of several
-    /// processes do not all arrive at that instant) if that is sooner. A key found free
-    /// is tried again at once if `retry_free` (not twice in a row).
-    async fn after_loss(
-        &self,
-        key: &str,
-        backoff: &mut Backoff,
-        deadline: Instant,
-        retry_free: bool,
-    ) -> AfterLoss {
-        let Some(pause) = backoff.next_pause() else {
+    /// processes do not all arrive at that instant) if that is sooner. A key found free is
+    /// tried again at once (not twice in a row).
+    async fn after_loss<DB: Backend>(&mut self, core: &Core<DB>, key: &str) -> AfterLoss {
+        let Some(pause) = self.backoff.next_pause() else {
             return AfterLoss::GiveUp;
         };
         // Only useful if a release can wake us; the listener is started by the first
         // waiter that has to sleep, and wakes every head once it is up.
-        self.start_listener();
-        let noted = by(deadline, self.table().note_waiter(key)).await;
+        core.start_listener();
+        let noted = by_deadline(self.deadline, core.table.note_waiter(key)).await;
         // With the listener up, the release wakes this waiter: the sleep is only the
         // fallback for a notification lost on the way, so take the policy's longest.
         let pause = match noted {
-            Ok(Some(_)) if self.listening() => backoff.longest().max(pause),
+            Ok(Some(_)) if core.listening() => self.backoff.longest().max(pause),
             _ => pause,
         };
-        match noted {
+        let retry_free = !self.retried_free;
+        let next = match noted {
             Ok(None) if retry_free => AfterLoss::TryAgain,
             Ok(Some(left)) if left < pause => {
                 let jitter = EXPIRY_JITTER.mul_f64(fastrand::f64());
@@ -364,48 +387,8 @@ impl<DB: Backend> Engine<DB> {
             // Held with a longer lease, free again soon after a short pause, or unknown
             // (an error here is not the caller's: the next attempt reports an outage).
             _ => AfterLoss::Sleep(pause),
-        }
-    }
-}
-
-/// How a waiter spaces its attempts: its backoff, and whether its last lost attempt
-/// found the key free (such a key is tried again at once, but not twice in a row).
-pub(crate) struct Pacing {
-    backoff: Backoff,
-    deadline: Instant,
-    retried_free: bool,
-}
-
-impl Pacing {
-    pub(crate) fn new(policy: &crate::config::RetryPolicy, deadline: Instant) -> Self {
-        Pacing {
-            backoff: Backoff::new(policy, deadline),
-            deadline,
-            retried_free: false,
-        }
-    }
-
-    /// What to do after a lost attempt ([`Engine::after_loss`]).
-    pub(crate) async fn after_loss<DB: Backend>(
-        &mut self,
-        engine: &Engine<DB>,
-        key: &str,
-    ) -> AfterLoss {
-        let retry_free = !self.retried_free;
-        let next = engine
-            .after_loss(key, &mut self.backoff, self.deadline, retry_free)
-            .await;
+        };
         self.retried_free = matches!(next, AfterLoss::TryAgain);
         next
     }
 }
-
-/// What a head waiter does after a lost attempt.
-pub(crate) enum AfterLoss {
-    TryAgain,
-    Sleep(Duration),
-    GiveUp,
-}
-
-/// Most jitter added to a sleep until the holder's lease ends.
-const EXPIRY_JITTER: Duration = Duration::from_millis(5);

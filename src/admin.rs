@@ -18,6 +18,33 @@ pub const MAX_LIST_LIMIT: u32 = 10_000;
 pub const MAX_HELD_LONGER_THAN: Duration = Duration::from_secs(1000 * 366 * 24 * 3600);
 
 /// One row of the lock table, as [`Locker::list`] read it. Times are the database's.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let guard = locker.try_acquire("invoice:42", Duration::from_secs(30)).await?.unwrap();
+///
+/// for info in locker.list("invoice:", 100).await? {
+///     println!(
+///         "{} held by {} (token {}) for {:?}, {:?} left, expired: {}",
+///         info.key,
+///         info.owner,
+///         info.fencing_token,
+///         info.held_for(),
+///         info.expires_in(),
+///         info.expired,
+///     );
+///     assert!(info.expires_in() <= Duration::from_secs(30)); // from the database clock
+/// }
+/// # guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
@@ -73,6 +100,35 @@ impl From<Listed> for LockInfo {
 ///
 /// # Default
 /// Every key, expired or not, at most 100 rows.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::LockFilter;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let lease = Duration::from_secs(30);
+/// let mut guards = Vec::new();
+/// for key in ["job:a", "job:b", "invoice:42"] {
+///     guards.push(locker.try_acquire(key, lease).await?.unwrap());
+/// }
+///
+/// let jobs = locker.list_matching(&LockFilter::new().prefix("job:")).await?;
+/// let keys: Vec<&str> = jobs.iter().map(|info| info.key.as_str()).collect();
+/// assert_eq!(keys, ["job:a", "job:b"]); // in key order
+///
+/// // Every key, but only the expired rows: none here.
+/// assert!(locker.list_matching(&LockFilter::new().expired_only()).await?.is_empty());
+/// // Locks that may have leaked: held for more than an hour.
+/// let old = LockFilter::new().held_longer_than(Duration::from_secs(3600)).limit(10);
+/// assert!(locker.list_matching(&old).await?.is_empty());
+/// # for guard in guards { guard.release().await?; }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockFilter {
     prefix: String,
@@ -171,16 +227,16 @@ impl<DB: Backend> Locker<DB> {
     /// Cancel safe: it only reads.
     pub async fn list_matching(&self, filter: &LockFilter) -> Result<Vec<LockInfo>> {
         filter.validate()?;
-        let table = self.shared.engine.table();
-        let rows = table
+        let rows = self
+            .core
+            .table
             .list(
                 &filter.prefix,
                 filter.held_longer_than,
                 filter.expired_only.then_some(true),
                 filter.limit,
             )
-            .await
-            .map_err(|err| table.explain(err))?;
+            .await?;
         Ok(rows.into_iter().map(LockInfo::from).collect())
     }
 
@@ -205,15 +261,11 @@ impl<DB: Backend> Locker<DB> {
     /// delete the database already ran.
     pub async fn force_release(&self, key: &str) -> Result<bool> {
         validate_key(key)?;
-        let engine = &self.shared.engine;
-        let table = engine.table();
-        let deleted = table
-            .force_release(key)
-            .await
-            .map_err(|err| table.explain(err))?;
+        let core = &self.core;
+        let deleted = core.table.force_release(key).await?;
         if deleted {
-            tracing::warn!(key, table = table.name(), "lock force-released");
-            engine.queues().released(key);
+            tracing::warn!(key, table = core.table.name(), "lock force-released");
+            core.queues.released(key);
         }
         Ok(deleted)
     }

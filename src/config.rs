@@ -44,6 +44,29 @@ pub const DEFAULT_REAP_BATCH: u32 = 1000;
 ///
 /// # Default
 /// `initial` = [`DEFAULT_RETRY_INITIAL`] (10 ms), `max` = [`DEFAULT_RETRY_MAX`] (500 ms).
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::{Locker, RetryPolicy};
+///
+/// let default = RetryPolicy::default();
+/// assert_eq!(default.initial, Duration::from_millis(10));
+/// assert_eq!(default.max, Duration::from_millis(500));
+///
+/// // Sleeps drawn from [0, 5 ms], [0, 10 ms], [0, 20 ms], ... capped at 100 ms.
+/// let policy = RetryPolicy {
+///     initial: Duration::from_millis(5),
+///     max: Duration::from_millis(100),
+/// };
+/// assert!(policy.delays().take(10).all(|sleep| sleep <= policy.max));
+///
+/// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let locker = Locker::builder(pool).retry(policy).build()?; // how `acquire` waits
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Upper bound of the first sleep.
@@ -182,7 +205,7 @@ const RESERVED_WORDS: &[&str] = &[
     "decimal", "declare", "default", "deferrable", "delayed", "delete", "delete_domain_id",
     "dense_rank", "desc", "describe", "deterministic", "distinct", "distinctrow", "div",
     "do", "do_domain_ids", "double", "drop", "dual", "each", "else", "elseif", "empty",
-    "enclosed", "end", "escape", "escaped", "except", "exists", "exit", "explain", "false",
+    "enclosed", "end", "escape", "escaped", "except", "exists", "exit", "error_from", "false",
     "fetch", "first_value", "float", "float4", "float8", "for", "force", "foreign",
     "freeze", "from", "full", "fulltext", "function", "grant", "group", "grouping",
     "groups", "having", "high_priority", "hour_microsecond", "hour_minute", "hour_second",

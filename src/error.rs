@@ -5,6 +5,27 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 /// Why a held lease stopped being ours.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::{Error, LostReason};
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let guard = locker.try_acquire("invoice:42", Duration::from_millis(300)).await?.unwrap();
+/// assert_eq!(guard.lost_reason(), None); // held, and renewed every 100 ms
+///
+/// locker.force_release("invoice:42").await?; // an operator clears the lock
+/// let reason = guard.lost().await; // completes at the next renewal
+/// assert_eq!(reason, LostReason::Deleted);
+/// assert_eq!(reason.to_string(), "the lock row was deleted");
+/// assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LostReason {
@@ -43,6 +64,33 @@ impl std::fmt::Display for LostReason {
 ///
 /// Losing a race is not an error: [`Locker::try_acquire`](crate::Locker::try_acquire)
 /// answers `Ok(None)` for that. Input errors are raised before anything is written.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::Error;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let lease = Duration::from_secs(30);
+/// // Bad input: refused before anything is written, and not worth retrying.
+/// let bad = locker.try_acquire("", lease).await.unwrap_err();
+/// assert!(matches!(bad, Error::InvalidKey { .. }) && !bad.is_retryable());
+///
+/// // A wait that runs out says who held the key: worth trying again later.
+/// let guard = locker.try_acquire("invoice:42", lease).await?.unwrap();
+/// let err = locker.acquire("invoice:42", lease, Duration::from_millis(50)).await.unwrap_err();
+/// assert!(matches!(err, Error::Timeout { .. }) && err.is_retryable());
+/// if let Error::Timeout { held_by, .. } = &err {
+///     assert_eq!(held_by.as_deref(), Some(guard.owner()));
+/// }
+/// println!("{err}"); // timed out after 50ms waiting for lock "invoice:42" (...); held by ...
+/// # guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -258,4 +306,19 @@ pub(crate) fn shown_key(key: &str) -> String {
 }
 
 /// Shorthand for results whose error is [`Error`].
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use dblock::{Locker, Sqlite};
+///
+/// /// Whether `key` was free; dblock's errors pass through `?` unchanged.
+/// async fn was_free(locker: &Locker<Sqlite>, key: &str) -> dblock::Result<bool> {
+///     let guard = locker.try_acquire(key, Duration::from_secs(30)).await?;
+///     match guard {
+///         Some(guard) => guard.release().await.map(|()| true),
+///         None => Ok(false),
+///     }
+/// }
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -8,36 +8,39 @@
 //! ticket at all), so grants follow ticket order. The lock row itself is unchanged: a row
 //! of a plain-SQL client still blocks everyone, and tickets only order dblock's waiters.
 //!
-//! Tickets are leases too. The engine renews every ticket of its Locker in one statement
-//! per renew interval while their waiters wait (the ticket lease is the Locker's default
-//! lease), so a waiter that dies stops blocking the queue when its ticket expires.
+//! Tickets are leases too. The Locker's ticket job renews every ticket of its waiters in
+//! one statement per renew interval while they wait (the ticket lease is the Locker's
+//! default lease), so a waiter that dies stops blocking the queue when its ticket expires.
 //!
 //! A waiter that goes away (cancelled, timed out, or its future dropped while its ticket
 //! was being taken) never holds up the queue: its ticket is deleted by the same job, in
 //! one statement for every ticket given up since the last one, retried with backoff
 //! until the ticket's lease ends. A ticket statement in flight when its waiter went away
-//! is finished by the engine, and the ticket it returns is deleted too, as an abandoned
+//! is finished in the background, and the ticket it returns is deleted too, as an abandoned
 //! acquisition's row is. Expired tickets (of waiters that died) are purged now and then
 //! by that job, and by every reaper pass ([`Locker::reap_expired`](crate::Locker::reap_expired)).
 //! The job's statements run on the engine's own connection, outside the pool.
+//!
+//! Fair mode is a [`Line`] of the one waiting loop (`acquire.rs`): [`Fair`].
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, sleep_until};
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, sleep_until};
 
-use crate::acquire::{AfterLoss, Pacing, Statement, answer};
 use crate::config::RetryPolicy;
 use crate::dialect::Backend;
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::inflight::{Statement, answer};
+use crate::jobs::Jobs;
 use crate::lease::Lease;
-use crate::retry::{Retry, by, retry};
+use crate::line::{Line, Place, Step};
+use crate::queue::{self, LocalQueues};
+use crate::retry::{Retry, by_deadline, retry};
 use crate::table::{LockTable, Via};
 
 /// Every this many renewal passes, expired tickets (of waiters that died) are deleted.
@@ -109,21 +112,26 @@ impl Tickets {
         }
     }
 
-    /// Claims the start of the renewal job: `true` exactly once.
-    pub(crate) fn claim_start(&self) -> bool {
-        !self.started.swap(true, Ordering::AcqRel)
+    /// Starts the ticket job if it does not run yet (it runs until the Locker's jobs
+    /// stop). Before a ticket is taken: a ticket of an abandoned statement is handed to it.
+    fn start<DB: Backend>(
+        self: &Arc<Self>,
+        table: &Arc<LockTable<DB>>,
+        jobs: &Jobs,
+        retry: RetryPolicy,
+    ) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (tickets, table, stop) = (Arc::clone(self), Arc::clone(table), jobs.clone());
+        jobs.spawn(async move { tickets.run(&table, &retry, &stop).await });
     }
 
     /// The ticket job, until `stop`: renews every held ticket each interval, deletes the
     /// tickets given up (retrying with `policy`'s backoff until each one's lease ends),
     /// and purges expired ones now and then. At `stop` it deletes what it was given,
     /// still each until its lease ends, and from then on givers delete their own.
-    pub(crate) async fn run<DB: Backend>(
-        &self,
-        table: &LockTable<DB>,
-        policy: &RetryPolicy,
-        stop: &CancellationToken,
-    ) {
+    async fn run<DB: Backend>(&self, table: &LockTable<DB>, policy: &RetryPolicy, jobs: &Jobs) {
         let queue = &*self.queue;
         let mut passes = 0u32;
         let mut next_renewal: Option<Instant> = None;
@@ -142,7 +150,7 @@ impl Tickets {
             };
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => break,
+                _ = jobs.stopping() => break,
                 _ = queue.changed.notified() => {}
                 _ = async { match wake {
                     Some(at) => sleep_until(at).await,
@@ -159,7 +167,7 @@ impl Tickets {
                 passes += 1;
                 if passes.is_multiple_of(PURGE_EVERY)
                     && let Err(err) =
-                        by(now + self.interval, table.purge_tickets(Via::Engine)).await
+                        by_deadline(now + self.interval, table.purge_tickets(Via::Engine)).await
                 {
                     tracing::debug!(error = %err, "could not purge expired tickets");
                 }
@@ -178,7 +186,7 @@ impl Tickets {
         if numbers.is_empty() {
             return;
         }
-        match by(deadline, table.renew_tickets(&numbers, self.lease)).await {
+        match by_deadline(deadline, table.renew_tickets(&numbers, self.lease)).await {
             Ok(renewed) => {
                 let held = self.queue.held();
                 for number in numbers.iter().filter(|n| !renewed.contains(n)) {
@@ -229,7 +237,7 @@ impl DropPacing {
         }
         let numbers: Vec<i64> = batch.iter().map(|(n, _)| *n).collect();
         let until = batch.iter().map(|(_, u)| *u).max().unwrap_or(now);
-        match by(until, table.drop_tickets(&numbers, Via::Engine)).await {
+        match by_deadline(until, table.drop_tickets(&numbers, Via::Engine)).await {
             Ok(()) => {
                 self.delays = Box::new(self.policy.delays());
                 self.at = None;
@@ -252,7 +260,7 @@ async fn drop_alone<DB: Backend>(
     until: Instant,
 ) {
     let dropped = retry(policy, until, |_| async move {
-        by(until, table.drop_tickets(&[number], Via::Engine))
+        by_deadline(until, table.drop_tickets(&[number], Via::Engine))
             .await
             .map_err(Retry::Again)
     })
@@ -262,11 +270,94 @@ async fn drop_alone<DB: Backend>(
     }
 }
 
+/// Fair mode's line: the Locker's parts a fair waiter works with.
+pub(crate) struct Fair<'c, DB: Backend> {
+    pub(crate) table: &'c Arc<LockTable<DB>>,
+    pub(crate) tickets: &'c Arc<Tickets>,
+    pub(crate) queues: &'c LocalQueues,
+    pub(crate) jobs: &'c Jobs,
+    pub(crate) retry: &'c RetryPolicy,
+    /// Releases a won lease whose waiter went away before it had it.
+    pub(crate) engine: &'c Engine<DB>,
+}
+
+impl<DB: Backend> Line for Fair<'_, DB> {
+    fn join<'a>(&'a self, key: &str) -> Box<dyn Place<'a> + 'a> {
+        Box::new(FairPlace {
+            line: self,
+            key: key.to_owned(),
+            place: self.queues.join_fair(key),
+            ticket: None,
+        })
+    }
+}
+
+/// A fair waiter's place: its place among this Locker's waiters (every one of them looks
+/// on each release) and, after its first lost attempt, its ticket.
+struct FairPlace<'a, DB: Backend> {
+    line: &'a Fair<'a, DB>,
+    key: String,
+    place: queue::QueuePlace<'a>,
+    ticket: Option<Ticket<'a, DB>>,
+}
+
+impl<'a, DB: Backend> Place<'a> for FairPlace<'a, DB> {
+    fn may_attempt(&self) -> bool {
+        // Every fair waiter may: the attempt itself checks for an earlier ticket.
+        true
+    }
+
+    fn ticket(&mut self) -> Step<'_, Result<Option<i64>>> {
+        Box::pin(async move {
+            if self.ticket.as_ref().is_some_and(Ticket::lost) {
+                tracing::debug!(key = %self.key, "a waiter's ticket lapsed; it queues again at the back");
+                self.ticket = Some(take_ticket(self.line, &self.key).await?);
+            }
+            Ok(self.ticket.as_ref().map(|ticket| ticket.number))
+        })
+    }
+
+    fn lost(&mut self) -> Step<'_, Result<()>> {
+        Box::pin(async move {
+            if self.ticket.is_none() {
+                self.ticket = Some(take_ticket(self.line, &self.key).await?);
+            }
+            Ok(())
+        })
+    }
+
+    fn won(mut self: Box<Self>, lease: Arc<Lease>) -> Step<'a, Arc<Lease>> {
+        let ticket = self.ticket.take();
+        let engine = self.line.engine;
+        Box::pin(async move {
+            let Some(ticket) = ticket else {
+                return lease;
+            };
+            lease.set_ticket(ticket.number);
+            // Cancelled while the ticket goes, the won lease has no guard yet: the engine
+            // releases it, as it does for an acquisition cancelled in flight.
+            let unclaimed = Unclaimed {
+                engine,
+                lease: Some(lease),
+            };
+            ticket.delete().await;
+            unclaimed.claim()
+        })
+    }
+
+    fn signalled(&self) -> Step<'_, bool> {
+        Box::pin(async move {
+            self.place.next_turn().await;
+            // Nobody waits for a release behind a winner here: tickets order the attempts.
+            false
+        })
+    }
+}
+
 /// A waiter's ticket, renewed while it lives; dropping it gives it up (the ticket job
 /// deletes it), for a waiter that was cancelled or timed out.
-struct Ticket<'e, DB: Backend> {
-    engine: &'e Engine<DB>,
-    tickets: &'e Tickets,
+struct Ticket<'a, DB: Backend> {
+    line: &'a Fair<'a, DB>,
     number: i64,
     /// Set by the ticket job when the ticket was found expired or gone.
     lost: Arc<AtomicBool>,
@@ -283,47 +374,41 @@ impl<DB: Backend> Ticket<'_, DB> {
     /// Deletes the ticket now (its waiter won): the next waiter must find no earlier
     /// ticket once the lease is released. On failure the drop gives it to the job.
     async fn delete(mut self) {
-        self.tickets.queue.held().remove(&self.number);
-        let until = Instant::now() + self.tickets.lease;
-        if by(
-            until,
-            self.engine.table().drop_tickets(&[self.number], Via::Pool),
-        )
-        .await
-        .is_ok()
-        {
-            self.deleted = true;
-        }
+        let line = self.line;
+        line.tickets.queue.held().remove(&self.number);
+        let until = Instant::now() + line.tickets.lease;
+        let numbers = [self.number];
+        let deleted = by_deadline(until, line.table.drop_tickets(&numbers, Via::Pool));
+        self.deleted = deleted.await.is_ok();
     }
 }
 
 impl<DB: Backend> Drop for Ticket<'_, DB> {
     fn drop(&mut self) {
-        let queue = &self.tickets.queue;
+        let line = self.line;
+        let queue = &line.tickets.queue;
         queue.held().remove(&self.number);
         if self.deleted {
             return;
         }
         // The lease may have been renewed just now: it lasts at most this long.
-        let until = Instant::now() + self.tickets.lease;
+        let until = Instant::now() + line.tickets.lease;
         if !queue.give_up(self.number, until) {
-            let table = Arc::clone(self.engine.table());
-            let (policy, number) = (*self.engine.retry_policy(), self.number);
-            self.engine
-                .spawn_job(async move { drop_alone(&table, &policy, number, until).await });
+            let (table, policy, number) = (Arc::clone(line.table), *line.retry, self.number);
+            line.jobs
+                .spawn(async move { drop_alone(&table, &policy, number, until).await });
         }
     }
 }
 
-type TicketStatement = Statement<std::result::Result<i64, sqlx::Error>>;
+type TicketStatement = Statement<Result<i64>>;
 
 /// A ticket statement in flight. Dropped before it answered (its waiter went away), it
-/// hands the statement to the engine, which lets it finish and deletes the ticket it
-/// returns: otherwise a committed ticket nobody owns would hold up every later waiter
+/// hands the statement to a background job, which lets it finish and deletes the ticket
+/// it returns: otherwise a committed ticket nobody owns would hold up every later waiter
 /// until its lease ended.
-struct TicketInFlight<'e, DB: Backend> {
-    engine: &'e Engine<DB>,
-    tickets: &'e Tickets,
+struct TicketInFlight<'a, DB: Backend> {
+    line: &'a Fair<'a, DB>,
     statement: Option<TicketStatement>,
     /// The end of the ticket's lease: past it, it no longer holds anyone up.
     until: Instant,
@@ -334,10 +419,10 @@ impl<DB: Backend> Drop for TicketInFlight<'_, DB> {
         let Some(statement) = self.statement.take() else {
             return;
         };
-        let queue = Arc::clone(&self.tickets.queue);
-        let table = Arc::clone(self.engine.table());
-        let (policy, until) = (*self.engine.retry_policy(), self.until);
-        self.engine.spawn_job(async move {
+        let line = self.line;
+        let queue = Arc::clone(&line.tickets.queue);
+        let (table, policy, until) = (Arc::clone(line.table), *line.retry, self.until);
+        line.jobs.spawn(async move {
             // An error or no answer: the ticket, if committed, lapses with its lease.
             if let Ok(Ok(number)) = tokio::time::timeout_at(until, statement).await
                 && !queue.give_up(number, until)
@@ -348,99 +433,32 @@ impl<DB: Backend> Drop for TicketInFlight<'_, DB> {
     }
 }
 
-impl<DB: Backend> Engine<DB> {
-    /// Takes a ticket for `key` and starts renewing it. Cancel safe: a ticket statement
-    /// in flight when the future is dropped is finished by the engine, and its ticket
-    /// deleted.
-    async fn take_ticket<'e>(&'e self, key: &str, tickets: &'e Tickets) -> Result<Ticket<'e, DB>> {
-        // Started first: a ticket of an abandoned statement is handed to it.
-        self.renew_tickets_in_background();
-        let until = Instant::now() + tickets.lease;
-        let statement: TicketStatement = {
-            let (table, key, lease) = (Arc::clone(self.table()), key.to_owned(), tickets.lease);
-            Box::pin(async move { table.take_ticket(&key, lease).await })
-        };
-        let mut in_flight = TicketInFlight {
-            engine: self,
-            tickets,
-            statement: Some(statement),
-            until,
-        };
-        let number = answer(&mut in_flight.statement)
-            .await
-            .map_err(|err| self.table().explain(err))?;
-        let lost = Arc::new(AtomicBool::new(false));
-        tickets.queue.held().insert(number, Arc::clone(&lost));
-        tickets.queue.changed.notify_one();
-        Ok(Ticket {
-            engine: self,
-            tickets,
-            number,
-            lost,
-            deleted: false,
-        })
-    }
-
-    /// Fair mode's wait: like [`wait_for`](Engine::wait_for), but each waiter holds a
-    /// ticket after its first lost attempt and attempts only when no earlier live ticket
-    /// exists ([`Engine::attempt`] checks); every local waiter of the key is woken by a
-    /// release, not only the first. Returns the lease and the ticket it waited on.
-    pub(crate) async fn wait_fair<F>(
-        &self,
-        key: &str,
-        wait: Duration,
-        tickets: &Tickets,
-        mut attempt: impl FnMut(Option<i64>) -> F,
-    ) -> Result<Arc<Lease>>
-    where
-        F: Future<Output = Result<Option<Arc<Lease>>>>,
-    {
-        let started = Instant::now();
-        let deadline = started + wait;
-        let place = self.queues().join_fair(key);
-        let mut pacing = Pacing::new(self.retry_policy(), deadline);
-        let mut ticket: Option<Ticket<'_, DB>> = None;
-        let mut attempts = 0u32;
-        loop {
-            if ticket.as_ref().is_some_and(Ticket::lost) {
-                tracing::debug!(key, "a waiter's ticket lapsed; it queues again at the back");
-                ticket = Some(self.take_ticket(key, tickets).await?);
-            }
-            attempts += 1;
-            if let Some(lease) = attempt(ticket.as_ref().map(|t| t.number)).await? {
-                let Some(ticket) = ticket else {
-                    return Ok(lease);
-                };
-                lease.set_ticket(ticket.number);
-                // Cancelled while the ticket goes, the won lease has no guard yet: the
-                // engine releases it, as it does for an acquisition cancelled in flight.
-                let unclaimed = Unclaimed {
-                    engine: self,
-                    lease: Some(lease),
-                };
-                ticket.delete().await;
-                return Ok(unclaimed.claim());
-            }
-            if wait.is_zero() || Instant::now() >= deadline {
-                break;
-            }
-            if ticket.is_none() {
-                ticket = Some(self.take_ticket(key, tickets).await?);
-            }
-            let pause = match pacing.after_loss(self, key).await {
-                AfterLoss::TryAgain => continue,
-                AfterLoss::Sleep(pause) => pause,
-                AfterLoss::GiveUp => break,
-            };
-            tokio::select! {
-                _ = place.signalled() => {}
-                _ = sleep(pause) => {}
-            }
-        }
-        drop(place);
-        drop(ticket);
-        Err(self.timed_out(key, started, attempts).await)
-    }
+/// Takes a ticket for `key` and starts renewing it. Cancel safe: a ticket statement in
+/// flight when the future is dropped is finished in the background, and its ticket
+/// deleted.
+async fn take_ticket<'a, DB: Backend>(line: &'a Fair<'a, DB>, key: &str) -> Result<Ticket<'a, DB>> {
+    let tickets = line.tickets;
+    tickets.start(line.table, line.jobs, *line.retry);
+    let until = Instant::now() + tickets.lease;
+    let statement: TicketStatement = {
+        let (table, key, lease) = (Arc::clone(line.table), key.to_owned(), tickets.lease);
+        Box::pin(async move { table.take_ticket(&key, lease).await })
+    };
+    let mut in_flight = TicketInFlight {
+        line,
+        statement: Some(statement),
+        until,
+    };
+    let number = answer(&mut in_flight.statement).await?;
+    let lost = Arc::new(AtomicBool::new(false));
+    tickets.queue.held().insert(number, Arc::clone(&lost));
+    tickets.queue.changed.notify_one();
+    Ok(Ticket {
+        line,
+        number,
+        lost,
+        deleted: false,
+    })
 }
 
 /// A won lease not yet handed to its caller: released in the background if dropped.

@@ -5,7 +5,6 @@ use sqlx::Transaction;
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::row_lock::row_error;
 
 impl<DB: Backend> LockGuard<DB> {
     /// Checks, inside the caller's write transaction `tx`, that this lock is still held:
@@ -35,9 +34,7 @@ impl<DB: Backend> LockGuard<DB> {
     /// # Cancel safety
     /// Cancel safe: it only reads and locks inside `tx`; dropping `tx` undoes the lock.
     pub async fn assert_held(&self, tx: &mut Transaction<'_, DB>) -> Result<()> {
-        let held = DB::check_fence(tx, self.table(), self.lock_id())
-            .await
-            .map_err(row_error::<DB>)?;
+        let held = self.lock_table().check_fence(tx, self.lock_id()).await?;
         if held {
             Ok(())
         } else {

@@ -6,11 +6,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::config::validate_lease;
+use crate::core::Core;
 use crate::dialect::{Backend, LockId};
 use crate::error::{Error, LostReason, Result};
 use crate::lease::Lease;
-use crate::locker::Shared;
 use crate::metrics;
+use crate::table::LockTable;
 
 /// A held lock. Release it with [`release`](Self::release).
 ///
@@ -26,9 +27,38 @@ use crate::metrics;
 /// one until the lease would have ended anyway. That release is best effort and not
 /// awaited: if it cannot run (no runtime, database unreachable) the lease simply expires
 /// at [`expires_at`](Self::expires_at). Call `release().await` to know it happened.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let lease = Duration::from_secs(30);
+/// let guard = locker.acquire("invoice:42", lease, Duration::from_secs(5)).await?;
+/// println!(
+///     "{} held by {} with fencing token {} until {}",
+///     guard.key(),
+///     guard.owner(),
+///     guard.fencing_token(), // pass it on to the resource the lock protects
+///     guard.expires_at(), // database clock; renewed in the background
+/// );
+/// let token = guard.fencing_token();
+///
+/// // Explicit release: Ok only if the lease was still live when the row was deleted.
+/// guard.release().await?;
+///
+/// let next = locker.try_acquire("invoice:42", lease).await?.expect("free again");
+/// assert!(next.fencing_token() > token);
+/// next.release().await?;
+/// # Ok(()) }
+/// ```
 #[must_use = "the lock is released as soon as the guard is dropped; keep it and call release().await"]
 pub struct LockGuard<DB: Backend> {
-    locker: Arc<Shared<DB>>,
+    core: Arc<Core<DB>>,
     lease: Arc<Lease>,
     hold: Hold,
 }
@@ -56,9 +86,9 @@ impl<DB: Backend> std::fmt::Debug for LockGuard<DB> {
 }
 
 impl<DB: Backend> LockGuard<DB> {
-    pub(crate) fn new(locker: Arc<Shared<DB>>, lease: Arc<Lease>) -> Self {
+    pub(crate) fn new(core: Arc<Core<DB>>, lease: Arc<Lease>) -> Self {
         LockGuard {
-            locker,
+            core,
             lease,
             hold: Hold::Held,
         }
@@ -74,9 +104,9 @@ impl<DB: Backend> LockGuard<DB> {
         self.lease.set_min_hold(min_hold);
     }
 
-    /// The lock table's name.
-    pub(crate) fn table(&self) -> &str {
-        self.locker.engine.table().name()
+    /// The lock table's access layer.
+    pub(crate) fn lock_table(&self) -> &LockTable<DB> {
+        &self.core.table
     }
 
     /// Fair mode ([`LockerBuilder::fair`](crate::LockerBuilder::fair)): the ticket this
@@ -132,11 +162,9 @@ impl<DB: Backend> LockGuard<DB> {
     /// Cancel safe: if dropped, the lease was either extended or left as it was.
     pub async fn extend(&self, lease: Duration) -> Result<DateTime<Utc>> {
         validate_lease(lease)?;
-        let engine = &self.locker.engine;
-        match engine.extend(&self.lease, lease).await {
-            Ok(Some(expires_at)) => Ok(expires_at),
-            Ok(None) => Err(self.not_held()),
-            Err(err) => Err(engine.table().explain(err)),
+        match self.core.engine.extend(&self.lease, lease).await? {
+            Some(expires_at) => Ok(expires_at),
+            None => Err(self.not_held()),
         }
     }
 
@@ -154,7 +182,7 @@ impl<DB: Backend> LockGuard<DB> {
     /// If the future is dropped before the database answered, the guard's drop finishes
     /// the release in the background.
     pub async fn release(mut self) -> Result<()> {
-        let span = metrics::release_span(self.key(), self.table());
+        let span = metrics::release_span(self.key(), self.lock_table().name());
         if !self.lease.unnest() {
             self.hold = Hold::Done;
             span.record("outcome", metrics::NESTED);
@@ -166,7 +194,7 @@ impl<DB: Backend> LockGuard<DB> {
 
     /// The release of the last hold: renewal stops, the row goes.
     async fn end_lease(mut self) -> Result<()> {
-        let outcome = self.locker.engine.release(&self.lease).await;
+        let outcome = self.core.engine.release(&self.lease).await;
         self.hold = Hold::Done;
         match outcome {
             Ok(Some(false)) => Ok(()),
@@ -178,13 +206,13 @@ impl<DB: Backend> LockGuard<DB> {
             Err(err) => {
                 // Keep trying in the background until the lease would expire anyway.
                 self.release_in_background();
-                Err(self.locker.engine.table().explain(err))
+                Err(err)
             }
         }
     }
 
     fn release_in_background(&self) {
-        self.locker
+        self.core
             .engine
             .release_in_background(Arc::clone(&self.lease));
     }

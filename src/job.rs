@@ -19,6 +19,33 @@ use crate::locker::{Locker, run_holding};
 /// `lock_at_most_for`: the Locker's default lease
 /// ([`LockerBuilder::default_lease`](crate::LockerBuilder::default_lease), 30 s unless
 /// set). `lock_at_least_for`: zero (the key is free as soon as the work ends).
+///
+/// # Examples
+/// Every node schedules the same job; the first to wake in a period runs it, and the
+/// minimum hold makes the nodes that wake later in that period skip it.
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let nightly = || {
+///     locker
+///         .job("report:nightly")
+///         .lock_at_most_for(Duration::from_secs(600)) // the lease; not renewed
+///         .lock_at_least_for(Duration::from_secs(60)) // held this long, however quick the run
+/// };
+///
+/// let ran = nightly().run(async |_guard| Ok::<_, dblock::Error>("report sent")).await?;
+/// assert_eq!(ran, Some("report sent"));
+///
+/// // Another node whose timer fires a little later in the same period: skipped.
+/// let late = nightly().run(async |_guard| Ok::<_, dblock::Error>("report sent")).await?;
+/// assert_eq!(late, None);
+/// # Ok(()) }
+/// ```
 #[must_use = "a job does nothing until it is run"]
 pub struct Job<'a, DB: Backend> {
     locker: &'a Locker<DB>,

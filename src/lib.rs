@@ -1,8 +1,10 @@
 #![doc = include_str!("../docs/crate.md")]
+#![doc = include_str!("../docs/architecture.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
-// The layers, top to bottom; no module imports from a layer above it.
+// The layers, top to bottom; no module imports from a layer above it (docs/architecture.md,
+// the crate docs' "Architecture"; tests/architecture.rs checks it).
 // API: what users call.
 mod admin;
 mod fencing;
@@ -12,11 +14,15 @@ mod locker;
 mod optimistic;
 mod owner;
 mod row_lock;
-// The lock algorithm: acquisition, the lease engine, leases, the reaper.
+// The core a Locker's clones, guards and owners share.
+mod core;
+// The lock algorithm: acquisition and its one waiting loop, the lines waiters join (the
+// local queue, fair mode's tickets), the lease engine, leases, wake-ups, the reaper.
 mod acquire;
 mod engine;
 mod fair;
 mod lease;
+mod line;
 mod queue;
 mod reaper;
 mod wakeups;
@@ -29,6 +35,8 @@ mod dialect;
 mod config;
 mod error;
 mod ident;
+mod inflight;
+mod jobs;
 mod metrics;
 mod retry;
 mod stats;
@@ -76,15 +84,15 @@ pub mod internals {
 
     /// The lock-table access layer on its own: the statements dblock sends, without the
     /// lock algorithm around them.
-    pub struct LockTable<DB: crate::Backend>(crate::table::LockTable<DB>);
+    pub struct LockTable<DB: crate::dialect::Backend>(crate::table::LockTable<DB>);
 
-    impl<DB: crate::Backend> LockTable<DB> {
+    impl<DB: crate::dialect::Backend> LockTable<DB> {
         /// The table `name` on `pool`.
         pub fn new(pool: sqlx::Pool<DB>, name: &str) -> Self {
             LockTable(crate::table::LockTable::new(
                 pool,
                 name.to_owned(),
-                crate::RetryPolicy::default(),
+                crate::config::RetryPolicy::default(),
             ))
         }
 
@@ -94,13 +102,14 @@ pub mod internals {
             key: &str,
             owner: &str,
             lease: std::time::Duration,
-        ) -> Result<Option<Acquired>, sqlx::Error> {
+        ) -> crate::error::Result<Option<Acquired>> {
             self.0.acquire(key, owner, lease).await
         }
 
         /// Owner- and token-checked release; `true` when our row went.
-        pub async fn release(&self, id: crate::LockId<'_>) -> Result<bool, sqlx::Error> {
-            Ok(self.0.release(id).await?.is_some())
+        pub async fn release(&self, id: crate::dialect::LockId<'_>) -> crate::error::Result<bool> {
+            let once = tokio::time::Instant::now();
+            Ok(self.0.release(id, once).await?.is_some())
         }
     }
 }

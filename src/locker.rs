@@ -1,5 +1,5 @@
 //! [`Locker`]: the entry point. Validates input, hands acquisitions to the lock
-//! algorithm (the lease engine and its acquire loop), and wraps won leases in guards.
+//! algorithm (`acquire.rs`) with the Locker's [`Core`], and wraps won leases in guards.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,32 +7,21 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Pool;
 
-use crate::acquire::Request;
+use crate::acquire::{self, Gate, Request};
 use crate::config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MAX_LEASE, MIN_LEASE,
     RetryPolicy, validate_acquire, validate_key, validate_lease, validate_owner_prefix,
     validate_range, validate_table_name,
 };
+use crate::core::{Core, Listen, Settings};
 use crate::dialect::Backend;
-use crate::engine::{Engine, Listen};
 use crate::error::{Error, Result};
-use crate::fair::Tickets;
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::metrics;
-use crate::owner::Owner;
 use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
-use crate::stats::{Counters, Stats};
+use crate::stats::Stats;
 use crate::table::{ConnectOptions, LockTable};
-
-/// What a [`Locker`] shares with its clones, guards and [`Owner`]s: the lease engine
-/// (which owns the lock table and the counters) and the options.
-pub(crate) struct Shared<DB: Backend> {
-    pub(crate) engine: Engine<DB>,
-    pub(crate) owner_prefix: String,
-    pub(crate) default_lease: Duration,
-    pub(crate) renew_interval: Duration,
-}
 
 /// Hands out leases on keys in one lock table. Cheap to clone: clones share the pool, the
 /// statement text, the counters and one lease engine.
@@ -42,23 +31,51 @@ pub(crate) struct Shared<DB: Backend> {
 ///
 /// # The lease engine
 /// Every Locker has one background task, started with its first renewed lease, that
-/// renews all leases held through the Locker (its clones, guards and [`Owner`]s) in
-/// batched statements: one batch per renewal interval in the steady state, whatever the
+/// renews all leases held through the Locker (its clones, guards and [`Owner`](crate::Owner)s)
+/// in batched statements: one batch per renewal interval in the steady state, whatever the
 /// number of guards (a batch is one statement for up to 10,000 leases, plus a read-back
 /// when a lease was lost), and deletes the rows of guards dropped without
 /// [`release`](LockGuard::release) in batches too. Its statements run on one connection
 /// of its own, outside the pool (an idle one detached from the pool, or a new one, when
 /// it first has work), so the application's use of the pool cannot delay a renewal. It stops when
 /// the last clone and the last guard are dropped, or at [`Locker::shutdown`].
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::Locker;
+///
+/// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let locker = Locker::new(pool); // default table and options
+/// locker.migrate().await?; // creates the lock table; a second run applies nothing
+///
+/// let lease = Duration::from_secs(30);
+/// let guard = locker.try_acquire("invoice:42", lease).await?.expect("nobody holds it");
+/// // While it is held, one attempt answers Ok(None): losing is not an error.
+/// assert!(locker.try_acquire("invoice:42", lease).await?.is_none());
+/// let first = guard.fencing_token();
+/// guard.release().await?;
+///
+/// // Acquire (waiting up to 5 s), run the work, release.
+/// let token = locker
+///     .with_lock("invoice:42", lease, Duration::from_secs(5), async |guard| {
+///         Ok::<_, dblock::Error>(guard.fencing_token())
+///     })
+///     .await?;
+/// assert!(token > first); // fencing tokens never go backwards
+/// # Ok(()) }
+/// ```
 pub struct Locker<DB: Backend> {
-    pub(crate) shared: Arc<Shared<DB>>,
+    pub(crate) core: Arc<Core<DB>>,
     auto_renew: bool,
 }
 
 impl<DB: Backend> Clone for Locker<DB> {
     fn clone(&self) -> Self {
         Locker {
-            shared: Arc::clone(&self.shared),
+            core: Arc::clone(&self.core),
             auto_renew: self.auto_renew,
         }
     }
@@ -75,6 +92,28 @@ impl<DB: Backend> std::fmt::Debug for Locker<DB> {
 }
 
 /// Who holds a key right now, as [`Locker::holder`] reads it.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let guard = locker.try_acquire("invoice:42", Duration::from_secs(30)).await?.unwrap();
+///
+/// let holder = locker.holder("invoice:42").await?.expect("the key has a row");
+/// assert_eq!(holder.owner, guard.owner());
+/// assert_eq!(holder.fencing_token, guard.fencing_token());
+/// assert!(!holder.expired); // by the database clock
+/// println!("held since {} until {}", holder.acquired_at, holder.expires_at);
+///
+/// guard.release().await?;
+/// assert_eq!(locker.holder("invoice:42").await?, None); // no row: nobody holds it
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Holder {
@@ -92,6 +131,32 @@ pub struct Holder {
 }
 
 /// Options for a [`Locker`]; see each method for its default.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::Locker;
+///
+/// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let locker = Locker::builder(pool.clone())
+///     .table("billing_lock") // default: distributed_lock
+///     .owner_prefix("billing-7f3:") // default: none
+///     .default_lease(Duration::from_secs(10)) // default: 30 s
+///     .build()?; // checks the options; touches no database
+/// locker.migrate().await?;
+/// assert_eq!((locker.table(), locker.lease()), ("billing_lock", Duration::from_secs(10)));
+///
+/// let guard = locker.try_acquire("invoice:42", locker.lease()).await?.unwrap();
+/// assert!(guard.owner().starts_with("billing-7f3:")); // operators see who holds it
+/// guard.release().await?;
+///
+/// // A lease must be renewed at least twice before it runs out.
+/// let too_slow = Locker::builder(pool).renew_interval(Duration::from_secs(20)).build();
+/// assert!(matches!(too_slow, Err(dblock::Error::InvalidConfig(_))));
+/// # Ok(()) }
+/// ```
 pub struct LockerBuilder<DB: Backend> {
     pool: Pool<DB>,
     table: String,
@@ -218,22 +283,18 @@ impl<DB: Backend> LockerBuilder<DB> {
         }
         let table = LockTable::new(self.pool, self.table, self.retry);
         Ok(Locker {
-            shared: Arc::new(Shared {
-                engine: Engine::new(
-                    table,
-                    Arc::new(Counters::default()),
-                    self.retry,
-                    Listen {
-                        on: self.listen,
-                        options: self.listener_options,
-                    },
-                    self.fair
-                        .then(|| Tickets::new(default_lease, renew_interval)),
-                ),
+            core: Arc::new(Core::new(Settings {
+                table,
+                retry: self.retry,
+                listen: Listen {
+                    on: self.listen,
+                    options: self.listener_options,
+                },
+                fair: self.fair,
                 owner_prefix: self.owner_prefix,
                 default_lease,
                 renew_interval,
-            }),
+            })),
             auto_renew: self.auto_renew,
         })
     }
@@ -278,17 +339,17 @@ impl<DB: Backend> Locker<DB> {
 
     /// The pool this locker runs on.
     pub fn pool(&self) -> &Pool<DB> {
-        self.shared.engine.table().pool()
+        self.core.table.pool()
     }
 
     /// The lock table's name.
     pub fn table(&self) -> &str {
-        self.shared.engine.table().name()
+        self.core.table.name()
     }
 
     /// The configured default lease ([`DEFAULT_LEASE`] unless the builder changed it).
     pub fn lease(&self) -> Duration {
-        self.shared.default_lease
+        self.core.default_lease
     }
 
     /// A clone of this locker whose acquisitions are (or are not) renewed by a watchdog.
@@ -303,7 +364,7 @@ impl<DB: Backend> Locker<DB> {
 
     /// The counters of this locker and its clones.
     pub fn stats(&self) -> Stats {
-        self.shared.engine.counters().snapshot()
+        self.core.counters.snapshot()
     }
 
     /// How many callers of this locker (and its clones and owners) are waiting in
@@ -311,7 +372,7 @@ impl<DB: Backend> Locker<DB> {
     /// arrival order: only the first sends attempts, and a release of the key through
     /// this locker hands it the turn at once.
     pub fn waiting(&self, key: &str) -> usize {
-        self.shared.engine.queues().waiting(key)
+        self.core.queues.waiting(key)
     }
 
     /// Whether this locker's release listener is up (PostgreSQL; see
@@ -319,12 +380,12 @@ impl<DB: Backend> Locker<DB> {
     /// once. `false` until a waiter first has to sleep, while the listener reconnects,
     /// and always on MySQL/MariaDB, SQLite, or behind a transaction pooler.
     pub fn listening(&self) -> bool {
-        self.shared.engine.listening()
+        self.core.listening()
     }
 
     /// How many leases this locker's engine is renewing right now.
     pub fn renewing(&self) -> usize {
-        self.shared.engine.renewing()
+        self.core.engine.renewing()
     }
 
     /// Stops this locker's lease engine and waits for it: renewal ends (every lease still
@@ -338,13 +399,7 @@ impl<DB: Backend> Locker<DB> {
     /// Cancel safe: the engine is told to stop at once; dropping the future only skips
     /// the wait.
     pub async fn shutdown(&self) {
-        self.shared.engine.shutdown().await;
-    }
-
-    /// A reentrant owner identity: guards it acquires for a key it already holds nest
-    /// instead of waiting for themselves. See [`Owner`].
-    pub fn owner(&self) -> Owner<DB> {
-        Owner::new(self.clone(), self.new_owner())
+        self.core.shutdown().await;
     }
 
     /// Creates or upgrades the lock table (refinery migrations, history in
@@ -357,7 +412,7 @@ impl<DB: Backend> Locker<DB> {
     /// to be re-run, so call `migrate` again. The connection it used is closed, not
     /// returned to the pool, so no migration lock leaks.
     pub async fn migrate(&self) -> Result<usize> {
-        self.shared.engine.table().migrate().await
+        self.core.table.migrate().await
     }
 
     /// One attempt to take `key` for `lease`, in one statement on PostgreSQL and two on
@@ -377,10 +432,10 @@ impl<DB: Backend> Locker<DB> {
     pub async fn try_acquire(&self, key: &str, lease: Duration) -> Result<Option<LockGuard<DB>>> {
         validate_key(key)?;
         validate_lease(lease)?;
-        let (owner, mut gate) = (self.new_owner(), None);
+        let (owner, mut gate) = (self.core.new_owner(), None);
         // Boxed, as in `acquire`: each wrapper below would otherwise hold a copy of it.
         let attempt = Box::pin(self.attempt(key, &owner, lease, None, &mut gate));
-        let lease = metrics::try_acquire(self.shared.engine.metrics(), key, attempt).await?;
+        let lease = metrics::try_acquire(&self.core.metrics, key, attempt).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
@@ -407,14 +462,13 @@ impl<DB: Backend> Locker<DB> {
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
-        let owner = self.new_owner();
-        let engine = &self.shared.engine;
+        let owner = self.core.new_owner();
         // Boxed: the metrics wrapper and its span each hold the future they are given by
         // value, so an unboxed one is stored (and copied) once per layer.
-        let won = Box::pin(engine.wait_for(key, wait, async |ticket| {
+        let won = Box::pin(acquire::wait_for(&self.core, key, wait, async |ticket| {
             self.attempt(key, &owner, lease, ticket, &mut None).await
         }));
-        let won = metrics::acquire(engine.metrics(), key, wait, won).await?;
+        let won = metrics::acquire(&self.core.metrics, key, wait, won).await?;
         Ok(self.guard(won))
     }
 
@@ -475,8 +529,7 @@ impl<DB: Backend> Locker<DB> {
     /// Cancel safe: it only reads.
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>> {
         validate_key(key)?;
-        let table = self.shared.engine.table();
-        let row = table.inspect(key).await.map_err(|err| table.explain(err))?;
+        let row = self.core.table.inspect(key).await?;
         Ok(row.map(|row| Holder {
             owner: row.owner,
             fencing_token: row.fencing_token,
@@ -484,17 +537,6 @@ impl<DB: Backend> Locker<DB> {
             expires_at: row.expires_at,
             expired: row.expired,
         }))
-    }
-
-    /// A fresh, unguessable owner value: the prefix and 32 hex digits of a random UUID.
-    fn new_owner(&self) -> String {
-        // Built by hand: `format!` costs more than the rest of making the value.
-        let mut digits = uuid::Uuid::encode_buffer();
-        let digits = uuid::Uuid::new_v4().simple().encode_lower(&mut digits);
-        let mut owner = String::with_capacity(self.shared.owner_prefix.len() + digits.len());
-        owner.push_str(&self.shared.owner_prefix);
-        owner.push_str(digits);
-        owner
     }
 
     /// One acquisition attempt with an owner value chosen by the caller (validated input).
@@ -507,11 +549,11 @@ impl<DB: Backend> Locker<DB> {
         owner: &'a str,
         lease: Duration,
         ticket: Option<i64>,
-        gate: &'a mut crate::acquire::Gate,
+        gate: &'a mut Gate,
     ) -> impl Future<Output = Result<Option<Arc<Lease>>>> + 'a {
         let renew = self
             .auto_renew
-            .then(|| self.shared.renew_interval.min(lease / 3));
+            .then(|| self.core.renew_interval.min(lease / 3));
         let request = Request {
             key,
             owner,
@@ -519,28 +561,32 @@ impl<DB: Backend> Locker<DB> {
             renew,
             ticket,
         };
-        self.shared.engine.attempt(request, gate)
+        acquire::attempt(&self.core, request, gate)
     }
 
     /// A guard on a won lease.
     pub(crate) fn guard(&self, lease: Arc<Lease>) -> LockGuard<DB> {
-        LockGuard::new(Arc::clone(&self.shared), lease)
+        LockGuard::new(Arc::clone(&self.core), lease)
     }
 
     /// Deletes every expired row once, in batches of [`DEFAULT_REAP_BATCH`]; returns how
     /// many went. Live leases are never deleted; several reapers at once are safe (on
     /// PostgreSQL they skip rows another one is deleting). Between batches it pauses
     /// 39 times as long as the batch took (79 times on MySQL / MariaDB, whose purge
-    /// deletes each row again after the commit), so other acquirers keep their pace
-    /// (100,000 expired rows took 16-35 s on PostgreSQL and 34-38 s on MariaDB in the
-    /// benchmark's runs).
+    /// deletes each row again after the commit), so other acquirers keep their pace: a
+    /// backlog of 100,000 rows may take a minute or so (bench/RESULTS.md, section 6).
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or
     /// during batches, and what was deleted stays deleted.
     pub async fn reap_expired(&self) -> Result<u64> {
-        let engine = &self.shared.engine;
-        reap_all(engine.table(), engine.counters(), DEFAULT_REAP_BATCH, None).await
+        reap_all(
+            &self.core.table,
+            &self.core.counters,
+            DEFAULT_REAP_BATCH,
+            None,
+        )
+        .await
     }
 
     /// Starts a background task that deletes expired rows every `config.interval`, in
@@ -548,10 +594,9 @@ impl<DB: Backend> Locker<DB> {
     /// are logged and the next pass tries again.
     pub fn spawn_reaper(&self, config: ReaperConfig) -> Result<ReaperHandle> {
         crate::reaper::validate(&config)?;
-        let engine = &self.shared.engine;
         Ok(ReaperHandle::spawn(
-            Arc::clone(engine.table()),
-            engine.counters_arc(),
+            Arc::clone(&self.core.table),
+            Arc::clone(&self.core.counters),
             config,
         ))
     }

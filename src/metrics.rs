@@ -13,8 +13,8 @@
 //! instead of keeping handles: a handle taken before the application installed its
 //! recorder would record nowhere, for good. The keys, though, are made once per lock
 //! table ([`TableMetrics`]): a key is its labels in a `Vec` and their hash, and making
-//! the four of an uncontended `try_acquire` + `release` on every call cost about 1,300
-//! instructions and four allocations a cycle (callgrind), even with no recorder.
+//! them on every call cost instructions and allocations every cycle, even with no
+//! recorder (bench/RESULTS.md, "Figures behind choices in the code").
 //!
 //! # Spans
 //! A call the caller waits on is a span, so that the caller's own span (a request) shows
@@ -231,11 +231,10 @@ pub(crate) async fn in_span<F: Future>(
     outcome: impl FnOnce(&F::Output) -> &'static str,
 ) -> F::Output {
     // A disabled span (no subscriber wants it) is not entered at each poll: entering and
-    // leaving one does nothing a subscriber sees, and cost about 1,000 instructions an
-    // uncontended `try_acquire` + `release` (callgrind).
+    // leaving one does nothing a subscriber sees, and costs instructions at every poll.
     if span.is_disabled() {
         // Nobody can read the field either: recording it still went through tracing's
-        // `log` bridge (about 400 instructions a cycle).
+        // `log` bridge.
         return op().await;
     }
     let done = op().instrument(span.clone()).await;

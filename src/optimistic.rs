@@ -16,6 +16,29 @@ use crate::retry::Backoff;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 
 /// What the caller's closure decides about the value it was shown.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # sqlx::query("CREATE TABLE product (id INTEGER PRIMARY KEY, stock BIGINT, version BIGINT)")
+/// #     .execute(&pool)
+/// #     .await?;
+/// # sqlx::query("INSERT INTO product VALUES (42, 5, 0)").execute(&pool).await?;
+/// use dblock::{Decision, Outcome, Versioned};
+///
+/// /// Sells ten units if there are ten; otherwise writes nothing and says why.
+/// async fn sell_ten(units: i64) -> Decision<i64, &'static str> {
+///     if units >= 10 { Decision::Write(units - 10) } else { Decision::Refuse("not enough stock") }
+/// }
+///
+/// let stock = Versioned::builder(pool, "product", "stock").build()?;
+/// let outcome = stock.update(&42_i64, sell_ten).await?; // 5 in stock
+/// // A refusal is not an error, and not retried: it was made on the latest committed value.
+/// assert_eq!(outcome, Outcome::Refused { reason: "not enough stock", attempts: 1 });
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision<V, R> {
     /// Write this new value, if the row is still the one that was read.
@@ -26,6 +49,31 @@ pub enum Decision<V, R> {
 }
 
 /// How a [`Versioned::update`] ended, when it did not fail.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # sqlx::query("CREATE TABLE product (id INTEGER PRIMARY KEY, stock BIGINT, version BIGINT)")
+/// #     .execute(&pool)
+/// #     .await?;
+/// # sqlx::query("INSERT INTO product VALUES (42, 5, 0)").execute(&pool).await?;
+/// use dblock::{Decision, Outcome, Versioned};
+///
+/// async fn sell_three(units: i64) -> Decision<i64, i64> {
+///     if units >= 3 { Decision::Write(units - 3) } else { Decision::Refuse(units) }
+/// }
+///
+/// let stock = Versioned::builder(pool, "product", "stock").build()?;
+/// // 5 in stock: written at the first attempt, and the version moved from 0 to 1.
+/// let first = stock.update(&42_i64, sell_three).await?;
+/// assert_eq!(first, Outcome::Written { value: 2, version: 1, attempts: 1 });
+/// // 2 left: refused with the closure's reason; nothing is written.
+/// let second = stock.update(&42_i64, sell_three).await?;
+/// assert_eq!(second, Outcome::Refused { reason: 2, attempts: 1 });
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<V, R> {
     /// The new value was written.
@@ -55,9 +103,17 @@ pub enum Outcome<V, R> {
 /// of the value also increments. Several columns changing together need the row-lock
 /// helper, [`RowLocker`](crate::RowLocker), instead.
 ///
-/// ```no_run
-/// # async fn demo(pool: sqlx::SqlitePool) -> dblock::Result<()> {
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dblock::Result<()> {
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
 /// use dblock::{Decision, Outcome, Versioned};
+///
+/// sqlx::query("CREATE TABLE product (id INTEGER PRIMARY KEY, stock BIGINT, version BIGINT)")
+///     .execute(&pool)
+///     .await?;
+/// sqlx::query("INSERT INTO product VALUES (42, 5, 0)").execute(&pool).await?;
 ///
 /// let stock = Versioned::builder(pool, "product", "stock").build()?;
 /// match stock
@@ -104,6 +160,32 @@ impl<DB: Backend> std::fmt::Debug for Versioned<DB> {
 }
 
 /// Options for a [`Versioned`]; see each method for its default.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # sqlx::query("CREATE TABLE inventory (sku TEXT PRIMARY KEY, qty BIGINT, rev BIGINT)")
+/// #     .execute(&pool)
+/// #     .await?;
+/// # sqlx::query("INSERT INTO inventory VALUES ('sku-1', 0, 0)").execute(&pool).await?;
+/// use dblock::{Decision, Outcome, Versioned};
+///
+/// let restock = Versioned::builder(pool.clone(), "inventory", "qty")
+///     .key_column("sku") // default: id
+///     .version_column("rev") // default: version
+///     .max_attempts(3) // default: 10 (DEFAULT_MAX_ATTEMPTS)
+///     .build()?; // checks the names; touches no database
+/// let sku = "sku-1".to_owned();
+/// let outcome = restock.update(&sku, async |qty: i64| Decision::<_, ()>::Write(qty + 10)).await?;
+/// assert!(matches!(outcome, Outcome::Written { value: 10, .. }));
+///
+/// // Names must be plain identifiers, so they can go into SQL text unquoted.
+/// let bad = Versioned::builder(pool, "inventory; --", "qty").build();
+/// assert!(matches!(bad, Err(dblock::Error::InvalidTableName { .. })));
+/// # Ok(()) }
+/// ```
 pub struct VersionedBuilder<DB: Backend> {
     pool: Pool<DB>,
     table: String,
@@ -208,7 +290,7 @@ impl<DB: Backend> Versioned<DB> {
         V: SqlValue<DB>,
     {
         // The attempts, not time, bound the loop.
-        let mut backoff = Backoff::new(&self.retry, Instant::now() + crate::MAX_WAIT);
+        let mut backoff = Backoff::new(&self.retry, Instant::now() + crate::config::MAX_WAIT);
         for attempts in 1..=self.max_attempts {
             if attempts > 1 {
                 backoff.pause().await;

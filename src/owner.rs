@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use crate::acquire;
 use crate::config::{validate_acquire, validate_key, validate_lease};
 use crate::dialect::Backend;
 use crate::error::Result;
@@ -11,6 +12,14 @@ use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::locker::Locker;
 use crate::metrics;
+
+impl<DB: Backend> Locker<DB> {
+    /// A reentrant owner identity: guards it acquires for a key it already holds nest
+    /// instead of waiting for themselves. See [`Owner`].
+    pub fn owner(&self) -> Owner<DB> {
+        Owner::new(self.clone(), self.core.new_owner())
+    }
+}
 
 /// One lock-holding identity with a fixed owner value, like a thread in Redisson.
 ///
@@ -27,6 +36,36 @@ use crate::metrics;
 /// renewal apply. If that lease was lost, the next acquisition goes to the database again.
 /// Clones of an `Owner` are the same identity: share one between tasks only if they may
 /// nest each other's locks. The owner's first acquisitions are made one at a time.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let (lease, wait) = (Duration::from_secs(30), Duration::from_secs(5));
+/// let owner = locker.owner();
+/// // Several keys under one owner value.
+/// let from = owner.acquire("account:1", lease, wait).await?;
+/// let to = owner.acquire("account:2", lease, wait).await?;
+/// assert_eq!(from.owner(), owner.value());
+///
+/// // A key it already holds is granted at once, sharing the row and its token...
+/// let nested = owner.acquire("account:1", lease, wait).await?;
+/// assert_eq!(nested.fencing_token(), from.fencing_token());
+/// // ...while every other owner stays excluded.
+/// assert!(locker.try_acquire("account:1", lease).await?.is_none());
+///
+/// nested.release().await?; // gives back its hold: the row stays
+/// assert!(locker.holder("account:1").await?.is_some());
+/// from.release().await?; // the last guard of the key: the row goes
+/// to.release().await?;
+/// assert!(locker.holder("account:1").await?.is_none());
+/// # Ok(()) }
+/// ```
 pub struct Owner<DB: Backend> {
     locker: Locker<DB>,
     value: Arc<str>,
@@ -81,7 +120,7 @@ impl<DB: Backend> Owner<DB> {
         validate_lease(lease)?;
         // Boxed, as in `Locker::try_acquire`: each wrapper would otherwise hold a copy.
         let attempt = Box::pin(self.attempt(key, lease, None));
-        let won = metrics::try_acquire(self.locker.shared.engine.metrics(), key, attempt).await?;
+        let won = metrics::try_acquire(&self.locker.core.metrics, key, attempt).await?;
         Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
@@ -97,7 +136,7 @@ impl<DB: Backend> Owner<DB> {
         wait: Duration,
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
-        let engine = &self.locker.shared.engine;
+        let core = &self.locker.core;
         // Boxed, as in `Locker::acquire`: each wrapper would otherwise hold a copy.
         let won = Box::pin(async {
             // Nested at once, never queued behind waiters for a key this owner holds.
@@ -105,9 +144,9 @@ impl<DB: Backend> Owner<DB> {
                 return Ok(nested);
             }
             let attempt = async |ticket| self.attempt(key, lease, ticket).await;
-            engine.wait_for(key, wait, attempt).await
+            acquire::wait_for(core, key, wait, attempt).await
         });
-        let won = metrics::acquire(engine.metrics(), key, wait, won).await?;
+        let won = metrics::acquire(&core.metrics, key, wait, won).await?;
         Ok(self.locker.guard(won))
     }
 

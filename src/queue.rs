@@ -12,6 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
+use crate::error::Result;
+use crate::lease::Lease;
+use crate::line::{self, Line, Step};
 use crate::metrics::{self, TableMetrics};
 
 /// The queues of one Locker, by key.
@@ -48,7 +51,7 @@ impl Turn {
 }
 
 /// One waiter's place in its key's queue; dropping it leaves the queue.
-pub(crate) struct Place<'q> {
+pub(crate) struct QueuePlace<'q> {
     queues: &'q LocalQueues,
     key: String,
     id: u64,
@@ -73,20 +76,20 @@ impl LocalQueues {
     }
 
     /// Joins the back of `key`'s queue.
-    pub(crate) fn join(&self, key: &str) -> Place<'_> {
+    pub(crate) fn join(&self, key: &str) -> QueuePlace<'_> {
         self.join_as(key, false)
     }
 
     /// Joins `key`'s waiters in fair mode: woken by every release of the key, whatever
     /// its place (the database's tickets decide who goes first).
-    pub(crate) fn join_fair(&self, key: &str) -> Place<'_> {
+    pub(crate) fn join_fair(&self, key: &str) -> QueuePlace<'_> {
         self.join_as(key, true)
     }
 
-    /// Every waiter, plain or fair, joins here and leaves in [`Place`]'s drop, exactly
+    /// Every waiter, plain or fair, joins here and leaves in [`QueuePlace`]'s drop, exactly
     /// once however its wait ends (won, timed out, failed, cancelled): the waiters gauge
     /// moves at those two places only.
-    fn join_as(&self, key: &str, fair: bool) -> Place<'_> {
+    fn join_as(&self, key: &str, fair: bool) -> QueuePlace<'_> {
         metrics::waiters(&self.metrics, 1);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Turn::default();
@@ -100,7 +103,7 @@ impl LocalQueues {
         // deleted the row after that read counts it (SeqCst) and wakes it.
         self.waiters.fetch_add(1, Ordering::SeqCst);
         drop(keys);
-        Place {
+        QueuePlace {
             queues: self,
             key: key.to_owned(),
             id,
@@ -142,7 +145,7 @@ impl LocalQueues {
     }
 }
 
-impl Place<'_> {
+impl QueuePlace<'_> {
     /// Whether this waiter is at the head of its queue (its turn to try).
     pub(crate) fn is_head(&self) -> bool {
         self.queues
@@ -156,18 +159,18 @@ impl Place<'_> {
     /// head, the key was released. `true` when it became the head because the waiter
     /// ahead won (the key is held: wait for its release). A signal sent while nobody was
     /// listening is kept for the next call.
-    pub(crate) async fn signalled(&self) -> bool {
+    pub(crate) async fn next_turn(&self) -> bool {
         self.turn.wake.notified().await;
         self.turn.held.swap(false, Ordering::AcqRel)
     }
 
     /// Leaves the queue because this waiter won: the one behind is told the key is held.
-    pub(crate) fn won(mut self) {
+    pub(crate) fn leave_won(mut self) {
         self.won = true;
     }
 }
 
-impl Drop for Place<'_> {
+impl Drop for QueuePlace<'_> {
     fn drop(&mut self) {
         metrics::waiters(&self.queues.metrics, -1);
         let mut keys = self.queues.keys();
@@ -188,6 +191,39 @@ impl Drop for Place<'_> {
             Some(next) if was_head => next.turn.give(self.won),
             Some(_) => {}
         }
+    }
+}
+
+/// The local FIFO line: waiters of this Locker for one key, in arrival order; only the
+/// head attempts.
+pub(crate) struct Fifo<'q>(pub(crate) &'q LocalQueues);
+
+impl Line for Fifo<'_> {
+    fn join<'a>(&'a self, key: &str) -> Box<dyn line::Place<'a> + 'a> {
+        Box::new(self.0.join(key))
+    }
+}
+
+impl<'a> line::Place<'a> for QueuePlace<'a> {
+    fn may_attempt(&self) -> bool {
+        self.is_head()
+    }
+
+    fn ticket(&mut self) -> Step<'_, Result<Option<i64>>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
+    fn lost(&mut self) -> Step<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn won(self: Box<Self>, lease: Arc<Lease>) -> Step<'a, Arc<Lease>> {
+        self.leave_won();
+        Box::pin(std::future::ready(lease))
+    }
+
+    fn signalled(&self) -> Step<'_, bool> {
+        Box::pin(self.next_turn())
     }
 }
 

@@ -11,14 +11,10 @@
 //!
 //! Why a fortieth of the server's time: an acquirer that overlaps a batch (or, on InnoDB,
 //! its purge) waits for it, and for the p99 of the acquirers beside it to stay within 2x
-//! idle fewer than 1% of their statements may overlap one. Pausing 9 times a batch (a
-//! tenth of the time), 0.6-1.3% did; 19 times, 0.2-0.5% on one machine but 0.7-1.2% on
-//! another; 39 times, 0.3-0.8% on PostgreSQL in the bench's section 6 (p99 0.9-1.6x
-//! idle). MariaDB at 39 times reached 1.1-1.2% (p99 2.1-2.3x idle) because its purge
-//! doubled the work the pause was measured against, hence its 79. Reaping is
-//! housekeeping (an expired row never blocks an acquisition, it is taken over), so a
-//! backlog of 100,000 rows may take a minute or so: 16-35 s on PostgreSQL in those runs,
-//! and 34-38 s on MariaDB at 79 times (22-27 s at 39 times).
+//! idle, fewer than 1% of their statements may overlap one; shorter pauses let more
+//! overlap (the figures are in bench/RESULTS.md, "Figures behind choices in the code").
+//! Reaping is housekeeping (an expired row never blocks an acquisition, it is taken
+//! over), so a large backlog may take a minute or so.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -46,6 +42,26 @@ const MAX_LEAK_THRESHOLD: Duration = Duration::from_secs(365 * 24 * 3600);
 /// # Default
 /// Every [`DEFAULT_REAP_INTERVAL`] (60 s), [`DEFAULT_REAP_BATCH`] (1000) rows per statement,
 /// no leak check.
+///
+/// # Examples
+/// A configuration to pass to [`Locker::spawn_reaper`](crate::Locker::spawn_reaper):
+/// ```
+/// use std::time::Duration;
+/// use dblock::{DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, ReaperConfig};
+///
+/// let default = ReaperConfig::default();
+/// assert_eq!(default.interval, DEFAULT_REAP_INTERVAL); // 60 s
+/// assert_eq!(default.batch, DEFAULT_REAP_BATCH); // 1000 rows per statement
+/// assert_eq!(default.leak_threshold, None); // no leak check
+///
+/// // Every 10 s, and warn about locks held for more than an hour.
+/// let config = ReaperConfig {
+///     interval: Duration::from_secs(10),
+///     leak_threshold: Some(Duration::from_secs(3600)),
+///     ..ReaperConfig::default()
+/// };
+/// assert_eq!(config.batch, 1000); // the rest as by default
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaperConfig {
     /// Pause between passes; a pass deletes batches until one comes back short.
@@ -73,6 +89,33 @@ impl Default for ReaperConfig {
 }
 
 /// A row the leak check found held longer than its threshold.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::ReaperConfig;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let threshold = Duration::from_millis(10);
+/// let guard = locker.try_acquire("import:big", Duration::from_secs(30)).await?.unwrap();
+/// tokio::time::sleep(Duration::from_millis(50)).await; // held longer than the threshold
+///
+/// let config = ReaperConfig { leak_threshold: Some(threshold), ..ReaperConfig::default() };
+/// let reaper = locker.spawn_reaper(config)?;
+/// let mut found = reaper.long_held();
+/// let report = found.wait_for(|report| report.checks > 0).await?.clone();
+/// let row = &report.rows[0];
+/// assert_eq!((row.key.as_str(), row.owner.as_str()), ("import:big", guard.owner()));
+/// assert_eq!(row.fencing_token, guard.fencing_token());
+/// assert!(row.held_for >= threshold); // by the database clock
+/// # reaper.stop().await;
+/// # guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LongHeld {
@@ -87,6 +130,33 @@ pub struct LongHeld {
 }
 
 /// What the last leak check found.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::ReaperConfig;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let guard = locker.try_acquire("import:big", Duration::from_secs(30)).await?.unwrap();
+/// tokio::time::sleep(Duration::from_millis(50)).await;
+///
+/// let reaper = locker.spawn_reaper(ReaperConfig {
+///     leak_threshold: Some(Duration::from_millis(10)),
+///     ..ReaperConfig::default()
+/// })?;
+/// let mut reports = reaper.long_held(); // updated after every check
+/// let report = reports.wait_for(|report| report.checks > 0).await?.clone();
+/// let keys: Vec<&str> = report.rows.iter().map(|row| row.key.as_str()).collect();
+/// assert_eq!(keys, ["import:big"]); // one row per long-held key, in key order
+///
+/// reaper.stop().await;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeakReport {
@@ -98,6 +168,33 @@ pub struct LeakReport {
 
 /// A running reaper. Stop it with [`stop`](Self::stop); dropping the handle stops it too
 /// (without waiting for it).
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use dblock::ReaperConfig;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// // A row left by a client that died: its lease ended a minute ago.
+/// dblock::sqlx::query(
+///     "INSERT INTO distributed_lock (lock_key, lock_value, expire_time) \
+///      VALUES ('job:orphan', 'crashed-node', datetime('now', '-1 minute'))",
+/// )
+/// .execute(locker.pool())
+/// .await?;
+///
+/// // Its first pass runs at once, then one every 60 s (the default).
+/// let reaper = locker.spawn_reaper(ReaperConfig::default())?;
+/// reaper.subscribe().wait_for(|&deleted| deleted > 0).await?;
+/// assert!(locker.holder("job:orphan").await?.is_none());
+///
+/// let deleted = reaper.stop().await; // stops it and waits; returns its total
+/// assert_eq!(deleted, 1);
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping the handle stops the reaper"]
 pub struct ReaperHandle {
     stop: CancellationToken,
@@ -227,7 +324,7 @@ pub(crate) fn validate(config: &ReaperConfig) -> Result<()> {
 async fn check_leaks<DB: Backend>(
     table: &LockTable<DB>,
     threshold: Duration,
-) -> Result<Vec<LongHeld>, sqlx::Error> {
+) -> Result<Vec<LongHeld>> {
     // Live rows only, in the statement: expired ones (a failed reap, or expired since)
     // must not take places within the limit.
     let listed = table
@@ -258,7 +355,7 @@ async fn purge_tickets<DB: Backend>(table: &LockTable<DB>) {
     match table.purge_tickets(Via::Pool).await {
         Ok(0) => {}
         Ok(purged) => tracing::debug!(table = %table.name(), purged, "purged expired tickets"),
-        Err(err) if LockTable::<DB>::is_missing_table(&err) => {}
+        Err(Error::MissingTable { .. }) => {}
         Err(err) => {
             tracing::debug!(table = %table.name(), error = %err, "could not purge expired tickets")
         }
@@ -277,10 +374,7 @@ pub(crate) async fn reap_all<DB: Backend>(
     let (mut total, pace) = (0, table.reap_pace());
     loop {
         let started = Instant::now();
-        let deleted = table
-            .reap_batch(batch)
-            .await
-            .map_err(|err| table.explain(err))?;
+        let deleted = table.reap_batch(batch).await?;
         total += deleted;
         counters.reaped.fetch_add(deleted, Ordering::Relaxed);
         if deleted < u64::from(batch) {

@@ -52,18 +52,18 @@ where
 /// Runs `statement`, but gives up at `deadline` with a timed-out I/O error: for work
 /// nobody waits on, whose answer is worthless past that moment (a black-holed connection
 /// never fails by itself).
-pub(crate) async fn by<T>(
+pub(crate) async fn by_deadline<T, E: From<sqlx::Error>>(
     deadline: Instant,
-    statement: impl Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
+    statement: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     tokio::time::timeout_at(deadline, statement)
         .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no answer before the deadline",
-            )))
-        })
+        .unwrap_or_else(|_| Err(E::from(timed_out("no answer before the deadline"))))
+}
+
+/// The error of a statement that got no answer in time.
+pub(crate) fn timed_out(why: &'static str) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
 }
 
 /// The pauses of [`retry`], for loops that cannot hand their tries to a closure (one

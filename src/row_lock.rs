@@ -6,10 +6,57 @@ use std::time::Duration;
 use sqlx::{Pool, Transaction};
 
 use crate::config::{MAX_WAIT, validate_range};
-pub use crate::dialect::RowLockMode;
-use crate::dialect::{Backend, SqlValue, select_keys};
+use crate::dialect::{Backend, RowWait, SqlValue, select_keys};
 use crate::error::{Error, Result};
 use crate::ident::Ident;
+
+/// What [`RowLocker::lock`] does about rows another transaction has locked.
+///
+/// SQLite has no row locks: there every mode takes the database's write lock with
+/// `BEGIN IMMEDIATE`, and "locked by someone else" means "another connection is writing".
+///
+/// # Examples
+/// ```
+/// use std::time::Duration;
+/// use dblock::RowLockMode;
+///
+/// // Give up after 2 s instead of waiting as long as the server lets a lock wait.
+/// let mode = RowLockMode::Timeout(Duration::from_secs(2));
+/// assert_ne!(mode, RowLockMode::default()); // the default is `Wait`
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RowLockMode {
+    /// Wait until the rows are free (`FOR UPDATE`). The server's own limit still applies:
+    /// MySQL's `innodb_lock_wait_timeout` (50 s by default), PostgreSQL's `lock_timeout`
+    /// (none by default), SQLite's busy timeout (5 s in sqlx); past it,
+    /// [`Error::RowLocked`].
+    #[default]
+    Wait,
+    /// Fail at once with [`Error::RowLocked`] if any row is locked (`FOR UPDATE NOWAIT`).
+    NoWait,
+    /// Lock the rows that are free and leave out the others (`FOR UPDATE SKIP LOCKED`):
+    /// the closure gets only the keys it locked. On SQLite nothing can be skipped (the
+    /// lock is the whole database), so a busy database is [`Error::RowLocked`] at once.
+    SkipLocked,
+    /// Wait at most this long, then [`Error::RowLocked`]. PostgreSQL counts milliseconds
+    /// (`lock_timeout`, for the locking statement only); MySQL and MariaDB count whole
+    /// seconds, so it is rounded up (`innodb_lock_wait_timeout` per statement); SQLite
+    /// uses it as the busy timeout of `BEGIN IMMEDIATE`. Between 1 ms and
+    /// [`MAX_WAIT`](crate::MAX_WAIT).
+    Timeout(Duration),
+}
+
+impl From<RowLockMode> for RowWait {
+    fn from(mode: RowLockMode) -> Self {
+        match mode {
+            RowLockMode::Wait => RowWait::Wait,
+            RowLockMode::NoWait => RowWait::NoWait,
+            RowLockMode::SkipLocked => RowWait::SkipLocked,
+            RowLockMode::Timeout(timeout) => RowWait::Timeout(timeout),
+        }
+    }
+}
 
 /// Most keys one [`RowLocker::lock`] call takes: every key is one bind parameter, and
 /// a lock on thousands of rows is better taken in batches.
@@ -19,21 +66,28 @@ pub const MAX_ROW_LOCK_KEYS: usize = 1000;
 /// same transaction: commit when the work returns `Ok`, roll back when it returns `Err`
 /// or is dropped. Cheap to clone.
 ///
-/// ```no_run
-/// # async fn demo(pool: sqlx::PgPool) -> dblock::Result<()> {
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> dblock::Result<()> {
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # sqlx::query("CREATE TABLE product (id INTEGER PRIMARY KEY, stock INTEGER NOT NULL)")
+/// #     .execute(&pool)
+/// #     .await?;
+/// # sqlx::query("INSERT INTO product (id, stock) VALUES (42, 1)").execute(&pool).await?;
 /// use dblock::{RowLockMode, RowLocker};
 ///
 /// let products = RowLocker::new(pool, "product", "id")?;
 /// let sold = products
 ///     .lock(&[42_i64], RowLockMode::Wait, async |tx, locked| {
 ///         // `locked` holds the keys of the rows that exist and are now ours.
-///         let done = sqlx::query("UPDATE product SET stock = stock - 1 WHERE id = $1 AND stock > 0")
-///             .bind(42_i64)
-///             .execute(&mut **tx)
-///             .await?;
+///         // SQLite's bind mark; `$1` on PostgreSQL, `?` on MySQL.
+///         let sql = "UPDATE product SET stock = stock - 1 WHERE id = ?1 AND stock > 0";
+///         let done = sqlx::query(sql).bind(42_i64).execute(&mut **tx).await?;
 ///         Ok::<_, dblock::Error>(!locked.is_empty() && done.rows_affected() == 1)
 ///     })
-///     .await?;
+///     .await?; // committed: the work returned Ok
+/// assert!(sold);
 /// # Ok(()) }
 /// ```
 pub struct RowLocker<DB: Backend> {
@@ -124,17 +178,18 @@ impl<DB: Backend> RowLocker<DB> {
             .into());
         }
         let mut conn = self.pool.acquire().await.map_err(Error::from)?;
-        if DB::row_lock_changes_connection(mode) {
+        let wait = RowWait::from(mode);
+        if DB::row_lock_changes_connection(wait) {
             conn.close_on_drop();
         }
-        let mut tx = DB::begin_row_lock(&mut conn, mode)
+        let mut tx = DB::begin_row_lock(&mut conn, wait)
             .await
             .map_err(row_error::<DB>)?;
         let locked = if keys.is_empty() {
             Vec::new()
         } else {
             let select = select_keys::<DB>(&self.table, &self.key_column, keys.len());
-            DB::lock_rows(&mut tx, &DB::row_lock_sql(&select, mode), keys, mode)
+            DB::lock_rows(&mut tx, &DB::row_lock_sql(&select, wait), keys, wait)
                 .await
                 .map_err(row_error::<DB>)?
         };

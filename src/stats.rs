@@ -3,6 +3,27 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// A snapshot of a locker's counters (shared by its clones, guards and tasks).
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// assert_eq!(locker.stats(), dblock::Stats::default()); // all zero at first
+///
+/// let lease = Duration::from_secs(30);
+/// let guard = locker.try_acquire("invoice:42", lease).await?.unwrap();
+/// assert!(locker.try_acquire("invoice:42", lease).await?.is_none()); // a lost attempt
+/// guard.release().await?;
+///
+/// let stats = locker.stats();
+/// assert_eq!((stats.attempts, stats.acquired, stats.released), (2, 1, 1));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {

@@ -28,7 +28,7 @@ use crate::dialect::{
     Acquired, Backend, Contention, Inspected, ListQuery, Listed, ListenerOptions, LockId,
     ReleasedRow, Releases, Renewal, RowState, WriteGate,
 };
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::retry::{Retry, retry};
 
 /// Most leases renewed by one batched statement. A batch travels as arrays (PostgreSQL)
@@ -97,7 +97,10 @@ macro_rules! on_lane {
             tries += 1;
             let mut owned = match slot.take() {
                 Some(conn) => conn,
-                None => table.open_lane().await?,
+                None => match table.open_lane().await {
+                    Ok(conn) => conn,
+                    Err(err) => break Err(err),
+                },
             };
             let $conn = &mut owned;
             let outcome = $call.await;
@@ -155,6 +158,21 @@ impl<DB: Backend> LockTable<DB> {
         opened
     }
 
+    /// Opens the engine's connection ahead of its first statement if it is not open yet
+    /// (an engine starts with its first lease, whose first renewal is due an interval
+    /// later), giving up at `until`; a failure is left for that statement to meet.
+    pub(crate) async fn open_engine_connection(&self, until: Instant) {
+        let opening = async {
+            let mut slot = self.lane.slot.lock().await;
+            if slot.is_none()
+                && let Ok(conn) = self.open_lane().await
+            {
+                *slot = Some(conn);
+            }
+        };
+        tokio::time::timeout_at(until, opening).await.ok();
+    }
+
     /// Whether the database refused the last attempt to open the engine's connection:
     /// the server answers, but will not give the engine a connection.
     pub(crate) fn engine_connection_refused(&self) -> bool {
@@ -169,9 +187,9 @@ impl<DB: Backend> LockTable<DB> {
         &self.name
     }
 
-    /// The error a caller of the lock table sees for a database error: a missing table
-    /// and a pool timeout are said so, with what to do about them.
-    pub(crate) fn explain(&self, err: sqlx::Error) -> Error {
+    /// The error a caller of the lock table sees for a database error: a missing table,
+    /// a table of another shape and a pool timeout are said so, with what to do.
+    fn error_from(&self, err: sqlx::Error) -> Error {
         if let Some(column) = DB::missing_column(&err) {
             return Error::SchemaMismatch {
                 table: self.name.clone(),
@@ -193,20 +211,10 @@ impl<DB: Backend> LockTable<DB> {
         }
     }
 
-    /// Whether the error says the table (or its ticket table) does not exist.
-    pub(crate) fn is_missing_table(err: &sqlx::Error) -> bool {
-        DB::is_missing_table(err)
-    }
-
-    /// How an error of one of this table's statements is to be read.
-    pub(crate) fn contention(err: &sqlx::Error) -> Contention {
-        DB::contention(err)
-    }
-
     /// Runs one dialect call on a pooled connection through [`retry`], again on a fresh
     /// checkout when the database rolled it back as a deadlock victim (such a statement
     /// changed nothing), up to [`DEADLOCK_RETRIES`] times.
-    async fn run<T, F>(&self, call: impl Fn(PoolConnection<DB>) -> F) -> Result<T, sqlx::Error>
+    async fn run_raw<T, F>(&self, call: impl Fn(PoolConnection<DB>) -> F) -> Result<T, sqlx::Error>
     where
         F: Future<Output = Result<T, sqlx::Error>>,
     {
@@ -215,9 +223,8 @@ impl<DB: Backend> LockTable<DB> {
         retry(&self.retry, far, |tries| {
             // Boxed, as is the statement below: sqlx's futures are large (a checkout
             // alone is about 8.6 KB), and each layer above that holds one by value
-            // copies it on every move: unboxed, `try_acquire` + `release` copied about
-            // 1 MB per cycle: 88 % of its instructions by callgrind, about a fifth of its
-            // client CPU in the bench (221 µs per cycle against 176 µs for this layer alone).
+            // copies it on every move: unboxed, those copies were most of a cycle's
+            // instructions (bench/RESULTS.md, "Figures behind choices in the code").
             let checkout = Box::pin(self.pool.acquire());
             let call = &call;
             async move {
@@ -242,24 +249,88 @@ impl<DB: Backend> LockTable<DB> {
         .await
     }
 
-    /// One acquisition attempt: insert, or take over an expired row.
+    /// [`run_raw`](Self::run_raw), its error explained.
+    async fn run<T, F>(&self, call: impl Fn(PoolConnection<DB>) -> F) -> Result<T>
+    where
+        F: Future<Output = Result<T, sqlx::Error>>,
+    {
+        self.run_raw(call).await.map_err(|err| self.error_from(err))
+    }
+
+    /// One acquisition attempt: insert, or take over an expired row. `Ok(None)` when the
+    /// key is held, or another session got in the way (the race was lost).
     pub(crate) async fn acquire(
         &self,
         key: &str,
         owner: &str,
         lease: Duration,
-    ) -> Result<Option<Acquired>, sqlx::Error> {
-        self.run(|mut conn| async move {
-            DB::acquire(&mut conn, &self.sql, key, owner, micros(lease)).await
-        })
-        .await
+    ) -> Result<Option<Acquired>> {
+        let won = self
+            .run_raw(|mut conn| async move {
+                DB::acquire(&mut conn, &self.sql, key, owner, micros(lease)).await
+            })
+            .await;
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(key, error = %err, "lost an acquisition race");
+                Ok(None)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
     }
 
     /// Owner- and token-checked delete: `Some(expired)` when our row went, saying whether
     /// its lease had already run out by the database clock; `None` when it was not ours.
-    pub(crate) async fn release(&self, id: LockId<'_>) -> Result<Option<bool>, sqlx::Error> {
-        self.run(|mut conn| async move { DB::release(&mut conn, &self.sql, id).await })
+    /// Sent again, until `until`, while another session is in the way (busy, a lock wait:
+    /// nothing was deleted, and the checked DELETE is safe to repeat).
+    pub(crate) async fn release(&self, id: LockId<'_>, until: Instant) -> Result<Option<bool>> {
+        self.contended_until(until, |mut conn| async move {
+            DB::release(&mut conn, &self.sql, id).await
+        })
+        .await
+    }
+
+    /// Runs `call` as [`run`](Self::run) does, and again after a pause while another
+    /// session is in the way, until `until`.
+    async fn contended_until<T, F>(
+        &self,
+        until: Instant,
+        call: impl Fn(PoolConnection<DB>) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let call = &call;
+        retry(&self.retry, until, |_| async move {
+            match self.run_raw(call).await {
+                Err(err) if DB::contention(&err) == Contention::LostRace => Err(Retry::Again(err)),
+                outcome => outcome.map_err(Retry::Stop),
+            }
+        })
+        .await
+        .map_err(|err| self.error_from(err))
+    }
+
+    /// Inside the caller's transaction (`conn` is its connection): whether `id` still
+    /// holds an unexpired lease, locking its row until the transaction ends.
+    pub(crate) async fn check_fence(
+        &self,
+        conn: &mut DB::Connection,
+        id: LockId<'_>,
+    ) -> Result<bool> {
+        DB::check_fence(conn, &self.sql, id)
             .await
+            .map_err(|err| self.row_lock_error(err))
+    }
+
+    /// [`error_from`](Self::error_from), but a lock another transaction holds is
+    /// [`Error::RowLocked`].
+    pub(crate) fn row_lock_error(&self, err: sqlx::Error) -> Error {
+        if DB::is_row_locked(&err) {
+            Error::RowLocked(err)
+        } else {
+            self.error_from(err)
+        }
     }
 
     /// Owner- and token-checked extension of a live lease; the new expiry.
@@ -267,7 +338,7 @@ impl<DB: Backend> LockTable<DB> {
         &self,
         id: LockId<'_>,
         lease: Duration,
-    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    ) -> Result<Option<DateTime<Utc>>> {
         self.run(
             |mut conn| async move { DB::extend(&mut conn, &self.sql, id, micros(lease)).await },
         )
@@ -276,10 +347,12 @@ impl<DB: Backend> LockTable<DB> {
 
     /// Renews a batch in chunks of [`RENEW_CHUNK`], on the engine's connection; returns
     /// the state of every row of the batch's keys that exists.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<RowState>, sqlx::Error> {
+    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<RowState>> {
         let mut rows = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(RENEW_CHUNK) {
-            rows.extend(on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk))?);
+            let renewed: Result<_, sqlx::Error> =
+                on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk));
+            rows.extend(renewed.map_err(|err| self.error_from(err))?);
         }
         Ok(rows)
     }
@@ -287,21 +360,18 @@ impl<DB: Backend> LockTable<DB> {
     /// Owner- and token-checked delete of many rows at once, in chunks of
     /// [`RENEW_CHUNK`], on the engine's connection: the rows that were ours and went,
     /// each saying whether its lease had already run out by the database clock.
-    pub(crate) async fn release_batch(
-        &self,
-        batch: &[LockId<'_>],
-    ) -> Result<Vec<ReleasedRow>, sqlx::Error> {
+    pub(crate) async fn release_batch(&self, batch: &[LockId<'_>]) -> Result<Vec<ReleasedRow>> {
         let mut rows = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(RENEW_CHUNK) {
-            rows.extend(on_lane!(self, |conn| DB::release_batch(
-                conn, &self.sql, chunk
-            ))?);
+            let released: Result<_, sqlx::Error> =
+                on_lane!(self, |conn| DB::release_batch(conn, &self.sql, chunk));
+            rows.extend(released.map_err(|err| self.error_from(err))?);
         }
         Ok(rows)
     }
 
     /// Who holds `key`, by the database clock.
-    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<Inspected>, sqlx::Error> {
+    pub(crate) async fn inspect(&self, key: &str) -> Result<Option<Inspected>> {
         self.run(|mut conn| async move { DB::inspect(&mut conn, &self.sql, key).await })
             .await
     }
@@ -315,7 +385,7 @@ impl<DB: Backend> LockTable<DB> {
         held: Option<Duration>,
         expired: Option<bool>,
         limit: u32,
-    ) -> Result<Vec<Listed>, sqlx::Error> {
+    ) -> Result<Vec<Listed>> {
         let until = prefix_end(prefix);
         let query = ListQuery {
             from: prefix,
@@ -329,19 +399,21 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// Deletes the row of `key`, whoever holds it; whether there was one.
-    pub(crate) async fn force_release(&self, key: &str) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn force_release(&self, key: &str) -> Result<bool> {
         self.run(|mut conn| async move { DB::force_release(&mut conn, &self.sql, key).await })
             .await
     }
 
     /// Lets our live row end `min_hold` after its acquisition (database clock) instead of
-    /// deleting it; `false` when that moment has passed or the row is not ours.
+    /// deleting it; `false` when that moment has passed or the row is not ours. Sent
+    /// again while another session is in the way, until `until`, as a release is.
     pub(crate) async fn keep_min_hold(
         &self,
         id: LockId<'_>,
         min_hold: Duration,
-    ) -> Result<bool, sqlx::Error> {
-        self.run(|mut conn| async move {
+        until: Instant,
+    ) -> Result<bool> {
+        self.contended_until(until, |mut conn| async move {
             DB::keep_min_hold(&mut conn, &self.sql, id, micros(min_hold)).await
         })
         .await
@@ -350,7 +422,7 @@ impl<DB: Backend> LockTable<DB> {
     /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL)
     /// and reads how long the holder's lease has left by the database clock; `None` when
     /// the key has no row.
-    pub(crate) async fn note_waiter(&self, key: &str) -> Result<Option<Duration>, sqlx::Error> {
+    pub(crate) async fn note_waiter(&self, key: &str) -> Result<Option<Duration>> {
         let left = self
             .run(|mut conn| async move { DB::note_waiter(&mut conn, &self.sql, key).await })
             .await?;
@@ -358,7 +430,7 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.
-    pub(crate) async fn take_ticket(&self, key: &str, lease: Duration) -> Result<i64, sqlx::Error> {
+    pub(crate) async fn take_ticket(&self, key: &str, lease: Duration) -> Result<i64> {
         self.run(|mut conn| async move {
             DB::take_ticket(&mut conn, &self.sql, key, micros(lease)).await
         })
@@ -367,11 +439,7 @@ impl<DB: Backend> LockTable<DB> {
 
     /// Fair mode: whether a live ticket for `key` earlier than `ticket` exists (`None`:
     /// any live ticket).
-    pub(crate) async fn earlier_ticket(
-        &self,
-        key: &str,
-        ticket: Option<i64>,
-    ) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn earlier_ticket(&self, key: &str, ticket: Option<i64>) -> Result<bool> {
         let ticket = ticket.unwrap_or(i64::MAX);
         self.run(
             |mut conn| async move { DB::earlier_ticket(&mut conn, &self.sql, key, ticket).await },
@@ -381,19 +449,16 @@ impl<DB: Backend> LockTable<DB> {
 
     /// Fair mode: renews the live tickets among `tickets`, on the engine's connection;
     /// the ones renewed.
-    pub(crate) async fn renew_tickets(
-        &self,
-        tickets: &[i64],
-        lease: Duration,
-    ) -> Result<Vec<i64>, sqlx::Error> {
+    pub(crate) async fn renew_tickets(&self, tickets: &[i64], lease: Duration) -> Result<Vec<i64>> {
         let lease = micros(lease);
-        on_lane!(self, |conn| DB::renew_tickets(
+        let renewed: Result<_, sqlx::Error> = on_lane!(self, |conn| DB::renew_tickets(
             conn, &self.sql, tickets, lease
-        ))
+        ));
+        renewed.map_err(|err| self.error_from(err))
     }
 
     /// Fair mode: deletes tickets (their waiters won or left).
-    pub(crate) async fn drop_tickets(&self, tickets: &[i64], via: Via) -> Result<(), sqlx::Error> {
+    pub(crate) async fn drop_tickets(&self, tickets: &[i64], via: Via) -> Result<()> {
         match via {
             Via::Pool => {
                 self.run(
@@ -401,18 +466,26 @@ impl<DB: Backend> LockTable<DB> {
                 )
                 .await
             }
-            Via::Engine => on_lane!(self, |conn| DB::drop_tickets(conn, &self.sql, tickets)),
+            Via::Engine => {
+                let dropped: Result<_, sqlx::Error> =
+                    on_lane!(self, |conn| DB::drop_tickets(conn, &self.sql, tickets));
+                dropped.map_err(|err| self.error_from(err))
+            }
         }
     }
 
     /// Fair mode: deletes every expired ticket (of waiters that died); how many.
-    pub(crate) async fn purge_tickets(&self, via: Via) -> Result<u64, sqlx::Error> {
+    pub(crate) async fn purge_tickets(&self, via: Via) -> Result<u64> {
         match via {
             Via::Pool => {
                 self.run(|mut conn| async move { DB::purge_tickets(&mut conn, &self.sql).await })
                     .await
             }
-            Via::Engine => on_lane!(self, |conn| DB::purge_tickets(conn, &self.sql)),
+            Via::Engine => {
+                let purged: Result<_, sqlx::Error> =
+                    on_lane!(self, |conn| DB::purge_tickets(conn, &self.sql));
+                purged.map_err(|err| self.error_from(err))
+            }
         }
     }
 
@@ -422,7 +495,7 @@ impl<DB: Backend> LockTable<DB> {
     pub(crate) async fn listen(
         &self,
         given: Option<&ConnectOptions<DB>>,
-    ) -> Result<Option<Box<dyn Releases>>, sqlx::Error> {
+    ) -> Result<Option<Box<dyn Releases>>> {
         let listener = match given {
             Some(options) => ListenerOptions {
                 options: options.clone(),
@@ -433,7 +506,9 @@ impl<DB: Backend> LockTable<DB> {
                 given: false,
             },
         };
-        DB::listen(listener, &self.name).await
+        DB::listen(listener, &self.name)
+            .await
+            .map_err(|err| self.error_from(err))
     }
 
     /// How many times a reaper batch's duration the reaper pauses after it (the
@@ -443,7 +518,7 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// Deletes at most `batch` expired rows.
-    pub(crate) async fn reap_batch(&self, batch: u32) -> Result<u64, sqlx::Error> {
+    pub(crate) async fn reap_batch(&self, batch: u32) -> Result<u64> {
         self.run(
             |mut conn| async move { DB::reap_batch(&mut conn, &self.sql, i64::from(batch)).await },
         )
@@ -452,7 +527,7 @@ impl<DB: Backend> LockTable<DB> {
 
     /// Deletes the row of `key` if `owner` holds it, whatever its token: the clean-up
     /// after an acquisition whose answer was lost.
-    pub(crate) async fn release_if_owned(&self, key: &str, owner: &str) -> Result<(), sqlx::Error> {
+    pub(crate) async fn release_if_owned(&self, key: &str, owner: &str) -> Result<()> {
         if let Some(row) = self.inspect(key).await?
             && row.owner == owner
         {
@@ -461,7 +536,7 @@ impl<DB: Backend> LockTable<DB> {
                 owner,
                 fencing_token: row.fencing_token,
             };
-            self.release(id).await?;
+            self.release(id, Instant::now()).await?;
         }
         Ok(())
     }
@@ -469,11 +544,11 @@ impl<DB: Backend> LockTable<DB> {
     /// Creates or upgrades the table (refinery migrations). On a database that lives
     /// only as long as a connection to it (in-memory SQLite), first opens a connection of
     /// the table's own that keeps it alive for as long as this table object lives.
-    pub(crate) async fn migrate(&self) -> crate::Result<usize> {
+    pub(crate) async fn migrate(&self) -> Result<usize> {
         self.keep_alive().await?;
         let applied = crate::migrate::run(&self.pool, &self.name)
             .await
-            .map_err(|err| self.explain_migration(err))?;
+            .map_err(|err| self.migration_error(err))?;
         if let Some(conn) = self.keep_alive.lock().await.as_mut() {
             // The keep-alive connection must see the table the pool's connection made;
             // it does not when every connection has a database of its own.
@@ -481,20 +556,19 @@ impl<DB: Backend> LockTable<DB> {
                 .await
                 .map_err(|err| match err {
                     sqlx::Error::Configuration(why) => Error::InvalidConfig(why.to_string()),
-                    err => self.explain(err),
+                    err => self.error_from(err),
                 })?;
         }
         // A table of this name that existed before may lack columns no migration step
         // needed: say so now, not at the first acquisition.
         self.run(|mut conn| async move { DB::check_shape(&mut conn, &self.name).await })
-            .await
-            .map_err(|err| self.explain(err))?;
+            .await?;
         Ok(applied)
     }
 
     /// A failed migration, explained: a step that named a column the existing table
     /// lacks means the table is of another shape.
-    fn explain_migration(&self, err: Error) -> Error {
+    fn migration_error(&self, err: Error) -> Error {
         let Error::Migration(failed) = err else {
             return err;
         };
@@ -514,7 +588,7 @@ impl<DB: Backend> LockTable<DB> {
         }
     }
 
-    async fn keep_alive(&self) -> crate::Result<()> {
+    async fn keep_alive(&self) -> Result<()> {
         let mut slot = self.keep_alive.lock().await;
         if slot.is_none() {
             let options = self.pool.connect_options();
@@ -522,7 +596,7 @@ impl<DB: Backend> LockTable<DB> {
                 let mut conn = self.pool.acquire().await?;
                 DB::keep_alive(&mut conn, &options).await
             };
-            *slot = asked.await.map_err(|err| self.explain(err))?;
+            *slot = asked.await.map_err(|err| self.error_from(err))?;
         }
         Ok(())
     }

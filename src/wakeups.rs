@@ -20,11 +20,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
-use tokio_util::sync::CancellationToken;
 
 use crate::dialect::{Backend, Released};
+use crate::jobs::Jobs;
 use crate::queue::LocalQueues;
-use crate::retry::by;
+use crate::retry::by_deadline;
 use crate::stats::Counters;
 use crate::table::{ConnectOptions, LockTable};
 
@@ -111,24 +111,25 @@ impl<DB: Backend> Wakeups<DB> {
         self.own().tokens.remove(&released.fencing_token)
     }
 
-    /// The listener's loop, until `stop`: opens the listener, hands every heard release
-    /// of another Locker to the local queues, and opens it again when it breaks.
+    /// The listener's loop, until the Locker's jobs stop: opens the listener, hands every
+    /// heard release of another Locker to the local queues, and opens it again when it
+    /// breaks.
     pub(crate) async fn run(
         &self,
         table: &LockTable<DB>,
         queues: &LocalQueues,
         counters: &Counters,
-        stop: &CancellationToken,
+        jobs: &Jobs,
     ) {
         let mut pause = RECONNECT_FIRST;
         loop {
             self.state.store(CONNECTING, Ordering::Release);
-            let opened = by(
+            let opened = by_deadline(
                 Instant::now() + CONNECT_LIMIT,
                 table.listen(self.options.as_ref()),
             );
             let opened = tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = jobs.stopping() => return,
                 opened = opened => opened,
             };
             match opened {
@@ -141,7 +142,7 @@ impl<DB: Backend> Wakeups<DB> {
                     queues.wake_all();
                     loop {
                         let heard = tokio::select! {
-                            _ = stop.cancelled() => return,
+                            _ = jobs.stopping() => return,
                             heard = releases.next() => heard,
                         };
                         match heard {
@@ -172,7 +173,7 @@ impl<DB: Backend> Wakeups<DB> {
                 }
             }
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = jobs.stopping() => return,
                 _ = sleep(pause) => {}
             }
             pause = (pause * 2).min(RECONNECT_MAX);

@@ -12,40 +12,22 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
 use super::{
-    Acquired, Contention, Inspected, ListQuery, Listed, LockId, LockSql, ReleasedRow, Renewal,
-    RowLockMode, RowState, Sql, TxSql, audited, batch_json, ids_json, is_unique_violation,
-    json_list, quoted_after, sql,
+    Acquired, Contention, Dialect, ErrorCodes, Inspected, ListQuery, Listed, LockId, LockSql,
+    MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql, TicketSql, TxSql, audited,
+    batch_json, ids_json, is_unique_violation, json_list, quoted_after, sql,
 };
+
+statements! { batch_sql;
+    read_owner: READ_OWNER,
+    release_live: RELEASE_LIVE,
+    read_release_batch: READ_RELEASE_BATCH,
+    read_batch: READ_BATCH,
+    live_tickets: LIVE_TICKETS,
+}
 
 /// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
 fn ticket_list(tickets: &[i64]) -> String {
     json_list(tickets)
-}
-
-/// MySQL's statements for one table.
-#[doc(hidden)]
-pub struct Statements {
-    acquire: Sql,
-    read_owner: Sql,
-    release_live: Sql,
-    release: Sql,
-    read_release_batch: Sql,
-    release_batch: Sql,
-    extend: Sql,
-    renew: Sql,
-    read_batch: Sql,
-    inspect: Sql,
-    list: Sql,
-    force_release: Sql,
-    keep_min_hold: Sql,
-    reap: Sql,
-    note_waiter: Sql,
-    take_ticket: Sql,
-    earlier_ticket: Sql,
-    renew_tickets: Sql,
-    live_tickets: Sql,
-    drop_tickets: Sql,
-    purge_tickets: Sql,
 }
 
 // Assignments run left to right and later ones see the new values: `lock_value` changes
@@ -198,58 +180,27 @@ fn error_number(err: &sqlx::Error) -> Option<u16> {
 /// A row of the batch read-back: key bytes, owner, token, expiry, renewed (0 or 1).
 type BatchRow = (Vec<u8>, String, i64, DateTime<Utc>, i64);
 
+/// Splices the table name, and the batch's `JSON_TABLE` where a statement takes one.
 fn batch_sql(template: &str, table: &str) -> Sql {
     sql(&template.replace("{batch}", BATCH), table)
 }
 
 impl super::sealed::Sealed for MySql {}
 
-impl LockSql for MySql {
+impl Dialect for MySql {
     type Statements = Statements;
     // InnoDB deletes a reaped row twice: the DELETE marks it, then a purge thread removes
-    // it from both indexes 0.2-0.5 s after the commit, in about as long again (a batch of
-    // 1,000: DELETE 10-14 ms, its purge 5-10 ms, read from INNODB_METRICS'
-    // purge_del_mark_records), which the reaper cannot time. Twice the pause keeps
-    // reaping at a fortieth of the server's time; with 39 it was a twentieth, and 1.1-1.2%
-    // of the acquisitions beside it were slowed past twice the idle p99 (bench section 6).
+    // it from both indexes after the commit, in about as long again, which the reaper
+    // cannot time. Twice the pause keeps reaping at a fortieth of the server's time (the
+    // figures: bench/RESULTS.md, "Figures behind choices in the code").
     const REAP_PACE: u32 = 79;
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
-        (
-            "V1__distributed_lock.sql",
-            include_str!("../../migrations/mysql/V1__distributed_lock.sql"),
-        ),
-        (
-            "V2__tickets.sql",
-            include_str!("../../migrations/mysql/V2__tickets.sql"),
-        ),
-    ];
 
     fn statements(table: &str) -> Statements {
-        Statements {
-            acquire: sql(ACQUIRE, table),
-            read_owner: sql(READ_OWNER, table),
-            release_live: sql(RELEASE_LIVE, table),
-            release: sql(RELEASE, table),
-            read_release_batch: batch_sql(READ_RELEASE_BATCH, table),
-            release_batch: batch_sql(RELEASE_BATCH, table),
-            extend: sql(EXTEND, table),
-            renew: batch_sql(RENEW, table),
-            read_batch: batch_sql(READ_BATCH, table),
-            inspect: sql(INSPECT, table),
-            list: sql(LIST, table),
-            force_release: sql(FORCE_RELEASE, table),
-            keep_min_hold: sql(KEEP_MIN_HOLD, table),
-            reap: sql(REAP, table),
-            note_waiter: sql(NOTE_WAITER, table),
-            take_ticket: sql(TAKE_TICKET, table),
-            earlier_ticket: sql(EARLIER_TICKET, table),
-            renew_tickets: sql(RENEW_TICKETS, table),
-            live_tickets: sql(LIVE_TICKETS, table),
-            drop_tickets: sql(DROP_TICKETS, table),
-            purge_tickets: sql(PURGE_TICKETS, table),
-        }
+        build_statements(table)
     }
+}
 
+impl LockSql for MySql {
     async fn acquire(
         conn: &mut MySqlConnection,
         sql: &Statements,
@@ -384,42 +335,6 @@ impl LockSql for MySql {
             .collect())
     }
 
-    async fn take_ticket(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        key: &str,
-        lease_micros: i64,
-    ) -> Result<i64, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.take_ticket))
-            .bind(key)
-            .bind(lease_micros)
-            .execute(conn)
-            .await?;
-        i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
-    }
-
-    async fn renew_tickets(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        tickets: &[i64],
-        lease_micros: i64,
-    ) -> Result<Vec<i64>, sqlx::Error> {
-        let list = ticket_list(tickets);
-        let done = sqlx::query(audited(&sql.renew_tickets))
-            .bind(lease_micros)
-            .bind(&list)
-            .execute(&mut *conn)
-            .await?;
-        // CLIENT_FOUND_ROWS: matched rows, and every matched row was renewed.
-        if done.rows_affected() == tickets.len() as u64 {
-            return Ok(tickets.to_vec());
-        }
-        sqlx::query_scalar(audited(&sql.live_tickets))
-            .bind(&list)
-            .fetch_all(conn)
-            .await
-    }
-
     async fn inspect(
         conn: &mut MySqlConnection,
         sql: &Statements,
@@ -499,6 +414,86 @@ impl LockSql for MySql {
         Ok(done.rows_affected() == 1)
     }
 
+    common_lock_statements!();
+}
+
+impl TicketSql for MySql {
+    async fn take_ticket(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+        lease_micros: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let done = sqlx::query(audited(&sql.take_ticket))
+            .bind(key)
+            .bind(lease_micros)
+            .execute(conn)
+            .await?;
+        i64::try_from(done.last_insert_id()).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+    }
+
+    async fn renew_tickets(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        tickets: &[i64],
+        lease_micros: i64,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let list = ticket_list(tickets);
+        let done = sqlx::query(audited(&sql.renew_tickets))
+            .bind(lease_micros)
+            .bind(&list)
+            .execute(&mut *conn)
+            .await?;
+        // CLIENT_FOUND_ROWS: matched rows, and every matched row was renewed.
+        if done.rows_affected() == tickets.len() as u64 {
+            return Ok(tickets.to_vec());
+        }
+        sqlx::query_scalar(audited(&sql.live_tickets))
+            .bind(&list)
+            .fetch_all(conn)
+            .await
+    }
+
+    common_ticket_statements!();
+}
+
+impl NotifySql for MySql {
+    note_waiter!();
+}
+
+impl MigrateSql for MySql {
+    const MIGRATIONS: &'static [(&'static str, &'static str)] =
+        migration_scripts!("mysql"; "V1__distributed_lock.sql", "V2__tickets.sql");
+
+    async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
+        let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
+            .bind(table)
+            .fetch_one(conn)
+            .await?;
+        if got != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "GET_LOCK for migrating {table} returned {got:?}"
+            )));
+        }
+        Ok(())
+    }
+
+    async fn unlock_migrations(
+        conn: &mut MySqlConnection,
+        table: &str,
+        _commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(MIGRATION_UNLOCK)
+            .bind(table)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    migration_io!();
+}
+
+impl ErrorCodes for MySql {
     fn contention(err: &sqlx::Error) -> Contention {
         // A competing acquire's upsert takes a shared lock on the row for its duplicate
         // check and then asks for an exclusive one; a release or renewal queued in between
@@ -527,33 +522,13 @@ impl LockSql for MySql {
         Some(name.rsplit('.').next().unwrap_or(&name).to_owned())
     }
 
-    async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
-        let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
-            .bind(table)
-            .fetch_one(conn)
-            .await?;
-        if got != Some(1) {
-            return Err(sqlx::Error::Protocol(format!(
-                "GET_LOCK for migrating {table} returned {got:?}"
-            )));
-        }
-        Ok(())
+    fn is_row_locked(err: &sqlx::Error) -> bool {
+        // MariaDB answers NOWAIT with 1205 as well
+        matches!(
+            error_number(err),
+            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT)
+        )
     }
-
-    async fn unlock_migrations(
-        conn: &mut MySqlConnection,
-        table: &str,
-        _commit: bool,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(MIGRATION_UNLOCK)
-            .bind(table)
-            .execute(conn)
-            .await?;
-        Ok(())
-    }
-
-    scripts_and_history!();
-    waiters_and_tickets!();
 }
 
 impl TxSql for MySql {
@@ -561,8 +536,8 @@ impl TxSql for MySql {
         "?".to_owned()
     }
 
-    fn row_lock_sql(select: &str, mode: RowLockMode) -> String {
-        let RowLockMode::Timeout(timeout) = mode else {
+    fn row_lock_sql(select: &str, mode: RowWait) -> String {
+        let RowWait::Timeout(timeout) = mode else {
             return format!("{select}{}", super::for_update(mode));
         };
         // Per statement, so no session setting outlives the call: MySQL 8 reads the
@@ -573,14 +548,6 @@ impl TxSql for MySql {
         format!(
             "SELECT /*+ SET_VAR(innodb_lock_wait_timeout = {seconds}) */ {body}{} /*M! WAIT {seconds} */",
             super::for_update(mode)
-        )
-    }
-
-    fn is_row_locked(err: &sqlx::Error) -> bool {
-        // MariaDB answers NOWAIT with 1205 as well
-        matches!(
-            error_number(err),
-            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT)
         )
     }
 

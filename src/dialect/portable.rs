@@ -5,7 +5,7 @@
 
 use sqlx::{Database, Decode, Encode, Type};
 
-use super::{RowLockMode, Sql, TxSql};
+use super::{RowWait, Sql, TxSql};
 use crate::ident::Ident;
 
 /// A Rust value that can be bound to, and read back from, a statement on `DB`: the type of
@@ -13,6 +13,17 @@ use crate::ident::Ident;
 /// [`Versioned`](crate::Versioned). Implemented for every type sqlx encodes and decodes on
 /// `DB` (`i64`, `String`, `uuid::Uuid`, ...): pick the type sqlx maps to your column (on
 /// PostgreSQL, `i64` for `BIGINT`, `i32` for `INTEGER`).
+///
+/// # Examples
+/// ```
+/// use dblock::{SqlValue, Sqlite};
+///
+/// fn usable_as_key_or_value<T: SqlValue<Sqlite>>() {}
+///
+/// usable_as_key_or_value::<i64>(); // INTEGER
+/// usable_as_key_or_value::<String>(); // TEXT
+/// usable_as_key_or_value::<uuid::Uuid>(); // a UUID column
+/// ```
 pub trait SqlValue<DB: Database>:
     for<'q> Encode<'q, DB> + for<'r> Decode<'r, DB> + Type<DB> + Send + Sync + Unpin + 'static
 {
@@ -36,11 +47,11 @@ pub(crate) fn select_keys<DB: TxSql>(table: &Ident, key: &Ident, count: usize) -
 /// The standard row-locking clause, as PostgreSQL and MySQL 8 / MariaDB spell it. A lock
 /// timeout is not part of it: each dialect sets that its own way.
 #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))] // SQLite has no FOR UPDATE
-pub(crate) fn for_update(mode: RowLockMode) -> &'static str {
+pub(crate) fn for_update(mode: RowWait) -> &'static str {
     match mode {
-        RowLockMode::NoWait => " FOR UPDATE NOWAIT",
-        RowLockMode::SkipLocked => " FOR UPDATE SKIP LOCKED",
-        RowLockMode::Wait | RowLockMode::Timeout(_) => " FOR UPDATE",
+        RowWait::NoWait => " FOR UPDATE NOWAIT",
+        RowWait::SkipLocked => " FOR UPDATE SKIP LOCKED",
+        RowWait::Wait | RowWait::Timeout(_) => " FOR UPDATE",
     }
 }
 
@@ -80,7 +91,7 @@ pub(crate) fn write_versioned<DB: TxSql>(
 /// generics).
 macro_rules! portable_ops {
     () => {
-        async fn fetch_keys<K: $crate::SqlValue<Self>>(
+        async fn fetch_keys<K: $crate::dialect::SqlValue<Self>>(
             conn: &mut Self::Connection,
             sql: &str,
             keys: &[K],
@@ -92,7 +103,10 @@ macro_rules! portable_ops {
             query.fetch_all(conn).await
         }
 
-        async fn read_versioned<K: $crate::SqlValue<Self>, V: $crate::SqlValue<Self>>(
+        async fn read_versioned<
+            K: $crate::dialect::SqlValue<Self>,
+            V: $crate::dialect::SqlValue<Self>,
+        >(
             conn: &mut Self::Connection,
             sql: &super::Sql,
             key: &K,
@@ -103,7 +117,10 @@ macro_rules! portable_ops {
                 .await
         }
 
-        async fn write_versioned<K: $crate::SqlValue<Self>, V: $crate::SqlValue<Self>>(
+        async fn write_versioned<
+            K: $crate::dialect::SqlValue<Self>,
+            V: $crate::dialect::SqlValue<Self>,
+        >(
             conn: &mut Self::Connection,
             sql: &super::Sql,
             value: &V,
@@ -117,21 +134,6 @@ macro_rules! portable_ops {
                 .execute(conn)
                 .await?;
             Ok(done.rows_affected() == 1)
-        }
-
-        async fn check_fence(
-            conn: &mut Self::Connection,
-            table: &str,
-            lock: super::LockId<'_>,
-        ) -> Result<bool, sqlx::Error> {
-            let found: Option<i64> =
-                sqlx::query_scalar(super::audited(&super::sql(CHECK_FENCE, table)))
-                    .bind(lock.key)
-                    .bind(lock.owner)
-                    .bind(lock.fencing_token)
-                    .fetch_optional(conn)
-                    .await?;
-            Ok(found.is_some())
         }
     };
 }
@@ -164,7 +166,7 @@ mod tests {
         let sql = |ms| {
             <sqlx::MySql as TxSql>::row_lock_sql(
                 select,
-                RowLockMode::Timeout(Duration::from_millis(ms)),
+                RowWait::Timeout(Duration::from_millis(ms)),
             )
         };
         assert_eq!(
@@ -174,7 +176,7 @@ mod tests {
         );
         assert!(sql(1001).ends_with("FOR UPDATE /*M! WAIT 2 */"));
         assert!(
-            <sqlx::MySql as TxSql>::row_lock_sql(select, RowLockMode::NoWait)
+            <sqlx::MySql as TxSql>::row_lock_sql(select, RowWait::NoWait)
                 .ends_with("FOR UPDATE NOWAIT")
         );
     }

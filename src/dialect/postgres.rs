@@ -11,36 +11,33 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, Postgres};
 
 use super::{
-    Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, ListenerOptions,
-    LockId, LockSql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowLockMode, RowState,
-    Sql, SqlValue, TxSql, audited, db_code, quoted_after, row_states, sql, unrenewed,
+    Acquired, Contention, Dialect, ErrorCodes, ListenerOptions, LockId, LockSql, MigrateSql,
+    NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState, RowWait, SqlValue,
+    TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql, unrenewed,
 };
+
+statements! { sql;
+    read_keys: READ_KEYS,
+}
+
+/// A lease (or a minimum hold) as PostgreSQL takes it: microseconds.
+fn lease_param(micros: i64) -> i64 {
+    micros
+}
+
+/// A minimum held time as PostgreSQL takes it: microseconds.
+fn since_param(micros: i64) -> i64 {
+    micros
+}
 
 /// A list of tickets as PostgreSQL takes it: an array.
 fn ticket_list(tickets: &[i64]) -> &[i64] {
     tickets
 }
 
-/// PostgreSQL's statements for one table.
-#[doc(hidden)]
-pub struct Statements {
-    acquire: Sql,
-    release: Sql,
-    release_batch: Sql,
-    extend: Sql,
-    renew: Sql,
-    read_keys: Sql,
-    inspect: Sql,
-    list: Sql,
-    force_release: Sql,
-    keep_min_hold: Sql,
-    reap: Sql,
-    note_waiter: Sql,
-    take_ticket: Sql,
-    earlier_ticket: Sql,
-    renew_tickets: Sql,
-    drop_tickets: Sql,
-    purge_tickets: Sql,
+/// A list of keys as PostgreSQL takes it: an array.
+fn key_list(keys: Vec<&str>) -> Vec<&str> {
+    keys
 }
 
 const ACQUIRE: &str = "\
@@ -61,8 +58,8 @@ RETURNING fencing_token, expire_time";
 
 // A row that a waiter of another process marked (`NOTE_WAITER`) wakes it: NOTIFY is sent
 // at commit, by the same statement, with `token:key` (see `Released`). Unmarked rows notify nobody, so the uncontended cycle
-// does not pay for the notification queue's lock (about a quarter of the commit rate at 8
-// clients, measured with pgbench).
+// does not pay for the notification queue's lock (a large share of the commit rate with
+// several clients: bench/RESULTS.md, "Figures behind choices in the code").
 const RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
 RETURNING expire_time <= clock_timestamp(),
@@ -90,8 +87,9 @@ RETURNING expire_time";
 // (the other dialects do the same). A single statement that also reported the rows it
 // did not renew (an outer SELECT joined with the UPDATE's RETURNING) is not robust:
 // once PostgreSQL switches a prepared statement to its generic plan (after five runs),
-// it does not know the arrays' length, and it nested a loop over the RETURNING rows:
-// 11.7 s for 10,000 leases instead of 0.1 s, which lost every one of them.
+// it does not know the arrays' length, and it nested a loop over the RETURNING rows,
+// slow enough to lose every lease of a large batch (bench/RESULTS.md, "Figures behind
+// choices in the code").
 const RENEW: &str = "\
 UPDATE {table} AS t
    SET expire_time = clock_timestamp() + w.micros * INTERVAL '1 microsecond'
@@ -168,8 +166,8 @@ UPDATE {table}
 // The outer condition repeats the expiry test: a row renewed after the inner scan is kept.
 // A reaped row that waiters marked wakes them, like a release. `= ANY(ARRAY(..))` makes the
 // batch's keys one array, looked up through the primary key: with `IN (subquery)` the
-// planner hash-joined against a scan of the whole table, analyzed or not (21 ms a batch
-// of 1,000 beside 100,000 rows, against 3.5 ms this way; tests/postgres.rs counts scans).
+// planner hash-joined against a scan of the whole table, analyzed or not
+// (tests/postgres.rs counts scans; the timings are in bench/RESULTS.md).
 const REAP: &str = "\
 DELETE FROM {table} WHERE lock_key = ANY(ARRAY(
     SELECT lock_key FROM {table} WHERE expire_time < clock_timestamp()
@@ -193,48 +191,15 @@ const MIGRATION_LOCK: &str =
 
 impl super::sealed::Sealed for Postgres {}
 
-impl LockSql for Postgres {
+impl Dialect for Postgres {
     type Statements = Statements;
-    const NOTIFIES: bool = true;
-    const COLUMNS: &'static str =
-        "lock_key, lock_value, expire_time, fencing_token, acquired_at, waiters";
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
-        (
-            "V1__distributed_lock.sql",
-            include_str!("../../migrations/postgres/V1__distributed_lock.sql"),
-        ),
-        (
-            "V2__waiters.sql",
-            include_str!("../../migrations/postgres/V2__waiters.sql"),
-        ),
-        (
-            "V3__tickets.sql",
-            include_str!("../../migrations/postgres/V3__tickets.sql"),
-        ),
-    ];
 
     fn statements(table: &str) -> Statements {
-        Statements {
-            acquire: sql(ACQUIRE, table),
-            release: sql(RELEASE, table),
-            release_batch: sql(RELEASE_BATCH, table),
-            extend: sql(EXTEND, table),
-            renew: sql(RENEW, table),
-            read_keys: sql(READ_KEYS, table),
-            inspect: sql(INSPECT, table),
-            list: sql(LIST, table),
-            force_release: sql(FORCE_RELEASE, table),
-            keep_min_hold: sql(KEEP_MIN_HOLD, table),
-            reap: sql(REAP, table),
-            note_waiter: sql(NOTE_WAITER, table),
-            take_ticket: sql(TAKE_TICKET, table),
-            earlier_ticket: sql(EARLIER_TICKET, table),
-            renew_tickets: sql(RENEW_TICKETS, table),
-            drop_tickets: sql(DROP_TICKETS, table),
-            purge_tickets: sql(PURGE_TICKETS, table),
-        }
+        build_statements(table)
     }
+}
 
+impl LockSql for Postgres {
     async fn acquire(
         conn: &mut PgConnection,
         sql: &Statements,
@@ -242,29 +207,7 @@ impl LockSql for Postgres {
         owner: &str,
         lease_micros: i64,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
-            .bind(key)
-            .bind(owner)
-            .bind(lease_micros)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(|(fencing_token, expires_at)| Acquired {
-            fencing_token,
-            expires_at,
-        }))
-    }
-
-    async fn release(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        lock: LockId<'_>,
-    ) -> Result<Option<bool>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.release))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .fetch_optional(conn)
-            .await
+        returning_acquire!(conn, sql, key, owner, lease_micros)
     }
 
     async fn release_batch(
@@ -292,21 +235,6 @@ impl LockSql for Postgres {
             .collect())
     }
 
-    async fn extend(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        lock: LockId<'_>,
-        lease_micros: i64,
-    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.extend))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lease_micros)
-            .bind(lock.fencing_token)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn renew(
         conn: &mut PgConnection,
         sql: &Statements,
@@ -323,87 +251,22 @@ impl LockSql for Postgres {
             .bind(micros)
             .fetch_all(&mut *conn)
             .await?;
-        let mut rows: Vec<RowState> = row_states(renewed, true).collect();
-        if rows.len() == batch.len() {
-            return Ok(rows);
-        }
-        let others: Vec<RenewedRow> = sqlx::query_as(audited(&sql.read_keys))
-            .bind(unrenewed(batch, &rows))
-            .fetch_all(conn)
-            .await?;
-        rows.extend(row_states(others, false));
-        Ok(rows)
+        renewed_then_read_back!(conn, sql, batch, renewed)
     }
 
-    async fn inspect(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<Option<Inspected>, sqlx::Error> {
-        let row: Option<InspectedRow> = sqlx::query_as(audited(&sql.inspect))
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Inspected::from))
-    }
+    returning_lock_statements!();
+    common_lock_statements!();
+}
 
-    async fn list(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        query: ListQuery<'_>,
-    ) -> Result<Vec<Listed>, sqlx::Error> {
-        let rows: Vec<ListedRow> = sqlx::query_as(audited(&sql.list))
-            .bind(query.from)
-            .bind(query.until)
-            .bind(query.held_micros)
-            .bind(query.expired)
-            .bind(query.limit)
-            .fetch_all(conn)
-            .await?;
-        Ok(rows.into_iter().map(Listed::from).collect())
-    }
+impl TicketSql for Postgres {
+    returning_ticket_statements!();
+    common_ticket_statements!();
+}
 
-    async fn keep_min_hold(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        lock: LockId<'_>,
-        min_hold_micros: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.keep_min_hold))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .bind(min_hold_micros)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
+impl NotifySql for Postgres {
+    const NOTIFIES: bool = true;
 
-    async fn take_ticket(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        key: &str,
-        lease_micros: i64,
-    ) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.take_ticket))
-            .bind(key)
-            .bind(lease_micros)
-            .fetch_one(conn)
-            .await
-    }
-
-    async fn renew_tickets(
-        conn: &mut PgConnection,
-        sql: &Statements,
-        tickets: &[i64],
-        lease_micros: i64,
-    ) -> Result<Vec<i64>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.renew_tickets))
-            .bind(ticket_list(tickets))
-            .bind(lease_micros)
-            .fetch_all(conn)
-            .await
-    }
+    note_waiter!();
 
     async fn listen(
         listener: ListenerOptions<Postgres>,
@@ -411,7 +274,37 @@ impl LockSql for Postgres {
     ) -> Result<Option<Box<dyn Releases>>, sqlx::Error> {
         open_listener(listener, table).await
     }
+}
 
+impl MigrateSql for Postgres {
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("postgres"; "V1__distributed_lock.sql", "V2__waiters.sql", "V3__tickets.sql");
+
+    const COLUMNS: &'static str =
+        "lock_key, lock_value, expire_time, fencing_token, acquired_at, waiters";
+
+    async fn lock_migrations(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
+        sqlx::query(MIGRATION_LOCK)
+            .bind(table)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn unlock_migrations(
+        conn: &mut PgConnection,
+        _table: &str,
+        commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        sqlx::raw_sql(end).execute(conn).await?;
+        Ok(())
+    }
+
+    migration_io!();
+}
+
+impl ErrorCodes for Postgres {
     fn contention(err: &sqlx::Error) -> Contention {
         match db_code(err).as_deref() {
             Some("40P01") => Contention::Deadlock,
@@ -458,27 +351,10 @@ impl LockSql for Postgres {
         })
     }
 
-    async fn lock_migrations(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;
-        sqlx::query(MIGRATION_LOCK)
-            .bind(table)
-            .execute(conn)
-            .await?;
-        Ok(())
+    fn is_row_locked(err: &sqlx::Error) -> bool {
+        // lock_not_available: NOWAIT, or lock_timeout ran out
+        db_code(err).as_deref() == Some("55P03")
     }
-
-    async fn unlock_migrations(
-        conn: &mut PgConnection,
-        _table: &str,
-        commit: bool,
-    ) -> Result<(), sqlx::Error> {
-        let end = if commit { "COMMIT" } else { "ROLLBACK" };
-        sqlx::raw_sql(end).execute(conn).await?;
-        Ok(())
-    }
-
-    scripts_and_history!();
-    waiters_and_tickets!();
 }
 
 /// The channel the releases of `table` are announced on (see `RELEASE`).
@@ -583,7 +459,7 @@ impl TxSql for Postgres {
         format!("${index}")
     }
 
-    fn row_lock_sql(select: &str, mode: RowLockMode) -> String {
+    fn row_lock_sql(select: &str, mode: RowWait) -> String {
         format!("{select}{}", super::for_update(mode))
     }
 
@@ -591,9 +467,9 @@ impl TxSql for Postgres {
         conn: &mut PgConnection,
         sql: &str,
         keys: &[K],
-        mode: RowLockMode,
+        mode: RowWait,
     ) -> Result<Vec<K>, sqlx::Error> {
-        let RowLockMode::Timeout(timeout) = mode else {
+        let RowWait::Timeout(timeout) = mode else {
             return Self::fetch_keys(conn, sql, keys).await;
         };
         // Transaction-local, and put back right after: the timeout is for taking these
@@ -609,11 +485,6 @@ impl TxSql for Postgres {
             .execute(&mut *conn)
             .await?;
         Ok(locked)
-    }
-
-    fn is_row_locked(err: &sqlx::Error) -> bool {
-        // lock_not_available: NOWAIT, or lock_timeout ran out
-        db_code(err).as_deref() == Some("55P03")
     }
 
     super::portable_ops!();

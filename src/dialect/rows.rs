@@ -19,6 +19,29 @@ pub struct Acquired {
 /// The row a guard holds: key, owner value and the fencing token it was written with.
 /// Checking the token too means a stale guard of a reused owner value (reentrant
 /// [`Owner`](crate::Owner)) can never touch a newer acquisition.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dblock::LockId;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let guard = locker.try_acquire("invoice:42", Duration::from_secs(30)).await?.unwrap();
+/// let id = LockId {
+///     key: guard.key(),
+///     owner: guard.owner(),
+///     fencing_token: guard.fencing_token(),
+/// };
+/// // The row it names is the one in the table: same owner value, same token.
+/// let holder = locker.holder(id.key).await?.expect("held");
+/// assert_eq!((holder.owner.as_str(), holder.fencing_token), (id.owner, id.fencing_token));
+/// # guard.release().await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct LockId<'a> {
     /// The lock key.
@@ -230,4 +253,3 @@ pub trait Releases: Send {
         &mut self,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Released>, sqlx::Error>> + Send + '_>>;
 }
-

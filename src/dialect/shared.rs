@@ -6,15 +6,40 @@
 //! - `lease_param(micros)`: a lease or a duration as the dialect binds it (PostgreSQL and
 //!   MySQL microseconds, SQLite a date modifier such as `+30.000000 seconds`);
 //! - `since_param(micros)`: the same, going back in time (a list's minimum held time);
-//! - `ticket_list(tickets)`: a list of tickets (PostgreSQL an array, else one JSON array).
+//! - `ticket_list(tickets)`: a list of tickets (PostgreSQL an array, else one JSON array);
+//! - `key_list(keys)`: a list of keys, the same way.
 
 use super::{LockId, Renewal, Sql};
 
 /// Declares a dialect's `Statements`, one prepared text per statement, and
 /// `build_statements(table)`, which splices the validated table name into every
-/// template with `$splice` (`name: TEMPLATE` pairs).
+/// template with `$splice`. The statements every dialect has are listed here once, by
+/// the names of their templates (each dialect defines `ACQUIRE`, `RELEASE`, ...); a
+/// dialect passes its own extra statements as `name: TEMPLATE` pairs.
 macro_rules! statements {
     ($splice:path; $($name:ident: $template:expr),* $(,)?) => {
+        statements! { @all $splice;
+            acquire: ACQUIRE,
+            release: RELEASE,
+            release_batch: RELEASE_BATCH,
+            extend: EXTEND,
+            renew: RENEW,
+            inspect: INSPECT,
+            list: LIST,
+            force_release: FORCE_RELEASE,
+            keep_min_hold: KEEP_MIN_HOLD,
+            reap: REAP,
+            check_fence: CHECK_FENCE,
+            note_waiter: NOTE_WAITER,
+            take_ticket: TAKE_TICKET,
+            earlier_ticket: EARLIER_TICKET,
+            renew_tickets: RENEW_TICKETS,
+            drop_tickets: DROP_TICKETS,
+            purge_tickets: PURGE_TICKETS,
+            $($name: $template,)*
+        }
+    };
+    (@all $splice:path; $($name:ident: $template:expr,)*) => {
         /// This dialect's statements for one table.
         #[doc(hidden)]
         pub struct Statements {
@@ -27,6 +52,49 @@ macro_rules! statements {
             }
         }
     };
+}
+
+/// A dialect's migrations, in order: each file of `migrations/<dir>/` with its name.
+macro_rules! migration_scripts {
+    ($dir:literal; $($file:literal),* $(,)?) => {
+        &[$(($file, include_str!(concat!("../../migrations/", $dir, "/", $file))),)*]
+    };
+}
+
+/// The acquisition upsert's answer on a database with `RETURNING`: a row only when we
+/// won. Evaluates to the `acquire` method's result.
+macro_rules! returning_acquire {
+    ($conn:expr, $sql:expr, $key:expr, $owner:expr, $lease_micros:expr) => {{
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&$sql.acquire))
+            .bind($key)
+            .bind($owner)
+            .bind(lease_param($lease_micros))
+            .fetch_optional($conn)
+            .await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+        }))
+    }};
+}
+
+/// The end of a renewal on a database with `RETURNING`: the rows its `UPDATE` renewed,
+/// and when some leases of `$batch` were not renewed, a read of those keys (bound with the
+/// dialect's `key_list`) to say why. Evaluates to the `renew` method's result.
+macro_rules! renewed_then_read_back {
+    ($conn:expr, $sql:expr, $batch:expr, $renewed:expr) => {{
+        let mut rows: Vec<RowState> = row_states($renewed, true).collect();
+        let missing = unrenewed($batch, &rows);
+        if missing.is_empty() {
+            return Ok(rows);
+        }
+        let others: Vec<RenewedRow> = sqlx::query_as(audited(&$sql.read_keys))
+            .bind(key_list(missing))
+            .fetch_all($conn)
+            .await?;
+        rows.extend(row_states(others, false));
+        Ok(rows)
+    }};
 }
 
 /// The lock statements that read the same on every database.
@@ -69,7 +137,10 @@ macro_rules! common_lock_statements {
 
 /// The lock statements of the databases whose statements return their rows
 /// (`RETURNING`) and take their parameters in the order written: PostgreSQL and SQLite.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(unused_macros))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_macros)
+)]
 macro_rules! returning_lock_statements {
     () => {
         async fn release(
@@ -183,7 +254,10 @@ macro_rules! common_ticket_statements {
 
 /// The ticket statements of the databases whose statements return their rows: PostgreSQL
 /// and SQLite.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(unused_macros))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_macros)
+)]
 macro_rules! returning_ticket_statements {
     () => {
         async fn take_ticket(
@@ -270,7 +344,9 @@ macro_rules! migration_io {
                 format!("SELECT ticket, lock_key, expire_time FROM {table}_ticket WHERE 1 = 0"),
             ];
             for select in tables {
-                sqlx::query(sqlx::AssertSqlSafe(select)).execute(&mut *conn).await?;
+                sqlx::query(sqlx::AssertSqlSafe(select))
+                    .execute(&mut *conn)
+                    .await?;
             }
             Ok(())
         }
@@ -348,4 +424,3 @@ pub(crate) fn batch_json(
 pub(crate) fn json_list(numbers: &[i64]) -> String {
     serde_json::Value::from(numbers.to_vec()).to_string()
 }
-

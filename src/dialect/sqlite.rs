@@ -8,42 +8,41 @@
 //! statement. The "database clock" is the clock of the machine running SQLite, in
 //! milliseconds.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
-    Acquired, Contention, Inspected, InspectedRow, ListQuery, Listed, ListedRow, LockId, LockSql,
-    ReleasedRow, Renewal, RenewedRow, RowLockMode, RowState, Sql, TxSql, WriteGate, audited,
-    batch_json, db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
+    Acquired, Contention, Dialect, ErrorCodes, LockId, LockSql, MigrateSql, NotifySql, ReleasedRow,
+    Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql, WriteGate, audited, batch_json,
+    db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
 };
+
+statements! { sqlite_sql;
+    held: HELD,
+    read_keys: READ_KEYS,
+}
+
+/// A lease (or a minimum hold) as SQLite takes it: a date modifier.
+fn lease_param(micros: i64) -> String {
+    modifier(micros)
+}
+
+/// A minimum held time as SQLite takes it: a date modifier going back
+/// (`-3600.000000 seconds`).
+fn since_param(micros: i64) -> String {
+    modifier(micros).replacen('+', "-", 1)
+}
 
 /// A list of tickets as SQLite takes it: one JSON array (read with `json_each`).
 fn ticket_list(tickets: &[i64]) -> String {
     json_list(tickets)
 }
-use std::collections::HashMap;
 
-/// SQLite's statements for one table.
-#[doc(hidden)]
-pub struct Statements {
-    held: Sql,
-    acquire: Sql,
-    release: Sql,
-    release_batch: Sql,
-    extend: Sql,
-    renew: Sql,
-    read_keys: Sql,
-    inspect: Sql,
-    list: Sql,
-    force_release: Sql,
-    keep_min_hold: Sql,
-    reap: Sql,
-    note_waiter: Sql,
-    take_ticket: Sql,
-    earlier_ticket: Sql,
-    renew_tickets: Sql,
-    drop_tickets: Sql,
-    purge_tickets: Sql,
+/// A list of keys as SQLite takes it: one JSON array of strings.
+fn key_list(keys: Vec<&str>) -> String {
+    serde_json::Value::from(keys).to_string()
 }
 
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
@@ -168,42 +167,31 @@ fn modifier(lease_micros: i64) -> String {
 
 impl super::sealed::Sealed for Sqlite {}
 
-impl LockSql for Sqlite {
+impl Dialect for Sqlite {
     type Statements = Statements;
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = &[
-        (
-            "V1__distributed_lock.sql",
-            include_str!("../../migrations/sqlite/V1__distributed_lock.sql"),
-        ),
-        (
-            "V2__tickets.sql",
-            include_str!("../../migrations/sqlite/V2__tickets.sql"),
-        ),
-    ];
 
     fn statements(table: &str) -> Statements {
-        Statements {
-            held: sqlite_sql(HELD, table),
-            acquire: sqlite_sql(ACQUIRE, table),
-            release: sqlite_sql(RELEASE, table),
-            release_batch: sqlite_sql(RELEASE_BATCH, table),
-            extend: sqlite_sql(EXTEND, table),
-            renew: sqlite_sql(RENEW, table),
-            read_keys: sqlite_sql(READ_KEYS, table),
-            inspect: sqlite_sql(INSPECT, table),
-            list: sqlite_sql(LIST, table),
-            force_release: sqlite_sql(FORCE_RELEASE, table),
-            keep_min_hold: sqlite_sql(KEEP_MIN_HOLD, table),
-            reap: sqlite_sql(REAP, table),
-            note_waiter: sqlite_sql(NOTE_WAITER, table),
-            take_ticket: sqlite_sql(TAKE_TICKET, table),
-            earlier_ticket: sqlite_sql(EARLIER_TICKET, table),
-            renew_tickets: sqlite_sql(RENEW_TICKETS, table),
-            drop_tickets: sqlite_sql(DROP_TICKETS, table),
-            purge_tickets: sqlite_sql(PURGE_TICKETS, table),
-        }
+        build_statements(table)
     }
 
+    fn write_gate(options: &sqlx::sqlite::SqliteConnectOptions) -> Option<WriteGate> {
+        static GATES: std::sync::LazyLock<
+            std::sync::Mutex<HashMap<std::path::PathBuf, std::sync::Weak<tokio::sync::RwLock<()>>>>,
+        > = std::sync::LazyLock::new(Default::default);
+        let file = options.get_filename();
+        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
+        let mut gates = GATES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(gate) = gates.get(&file).and_then(std::sync::Weak::upgrade) {
+            return Some(gate);
+        }
+        gates.retain(|_, gate| gate.strong_count() > 0);
+        let gate = WriteGate::default();
+        gates.insert(file, std::sync::Arc::downgrade(&gate));
+        Some(gate)
+    }
+}
+
+impl LockSql for Sqlite {
     async fn acquire(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -223,29 +211,7 @@ impl LockSql for Sqlite {
         }
         // One statement, atomic on its own; the migration's trigger moves the counter
         // forward whenever a row is written with a new token.
-        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
-            .bind(key)
-            .bind(owner)
-            .bind(modifier(lease_micros))
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(|(fencing_token, expires_at)| Acquired {
-            fencing_token,
-            expires_at,
-        }))
-    }
-
-    async fn release(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        lock: LockId<'_>,
-    ) -> Result<Option<bool>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.release))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .fetch_optional(conn)
-            .await
+        returning_acquire!(conn, sql, key, owner, lease_micros)
     }
 
     async fn release_batch(
@@ -267,21 +233,6 @@ impl LockSql for Sqlite {
             .collect())
     }
 
-    async fn extend(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        lock: LockId<'_>,
-        lease_micros: i64,
-    ) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.extend))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(modifier(lease_micros))
-            .bind(lock.fencing_token)
-            .fetch_optional(conn)
-            .await
-    }
-
     async fn renew(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -291,139 +242,39 @@ impl LockSql for Sqlite {
             .bind(batch_json(batch, |micros| modifier(micros).into()))
             .fetch_all(&mut *conn)
             .await?;
-        let mut rows: Vec<RowState> = row_states(renewed, true).collect();
-        let missing = unrenewed(batch, &rows);
-        if missing.is_empty() {
-            return Ok(rows);
-        }
-        let keys = serde_json::to_string(&missing).map_err(|e| sqlx::Error::Encode(e.into()))?;
-        let others: Vec<RenewedRow> = sqlx::query_as(audited(&sql.read_keys))
-            .bind(keys)
-            .fetch_all(conn)
-            .await?;
-        rows.extend(row_states(others, false));
-        Ok(rows)
+        renewed_then_read_back!(conn, sql, batch, renewed)
     }
 
-    async fn take_ticket(
+    returning_lock_statements!();
+    common_lock_statements!();
+}
+
+impl TicketSql for Sqlite {
+    returning_ticket_statements!();
+    common_ticket_statements!();
+}
+
+impl NotifySql for Sqlite {
+    note_waiter!();
+}
+
+impl MigrateSql for Sqlite {
+    const MIGRATIONS: &'static [(&'static str, &'static str)] =
+        migration_scripts!("sqlite"; "V1__distributed_lock.sql", "V2__tickets.sql");
+
+    async fn lock_migrations(conn: &mut SqliteConnection, _table: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("BEGIN IMMEDIATE").execute(conn).await?;
+        Ok(())
+    }
+
+    async fn unlock_migrations(
         conn: &mut SqliteConnection,
-        sql: &Statements,
-        key: &str,
-        lease_micros: i64,
-    ) -> Result<i64, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.take_ticket))
-            .bind(key)
-            .bind(modifier(lease_micros))
-            .fetch_one(conn)
-            .await
-    }
-
-    async fn renew_tickets(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        tickets: &[i64],
-        lease_micros: i64,
-    ) -> Result<Vec<i64>, sqlx::Error> {
-        sqlx::query_scalar(audited(&sql.renew_tickets))
-            .bind(ticket_list(tickets))
-            .bind(modifier(lease_micros))
-            .fetch_all(conn)
-            .await
-    }
-
-    async fn inspect(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        key: &str,
-    ) -> Result<Option<Inspected>, sqlx::Error> {
-        let row: Option<InspectedRow> = sqlx::query_as(audited(&sql.inspect))
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Inspected::from))
-    }
-
-    async fn list(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        query: ListQuery<'_>,
-    ) -> Result<Vec<Listed>, sqlx::Error> {
-        let back = query
-            .held_micros
-            .map(|micros| modifier(micros).replacen('+', "-", 1));
-        let rows: Vec<ListedRow> = sqlx::query_as(audited(&sql.list))
-            .bind(query.from)
-            .bind(query.until)
-            .bind(back)
-            .bind(query.expired)
-            .bind(query.limit)
-            .fetch_all(conn)
-            .await?;
-        Ok(rows.into_iter().map(Listed::from).collect())
-    }
-
-    async fn keep_min_hold(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        lock: LockId<'_>,
-        min_hold_micros: i64,
-    ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(audited(&sql.keep_min_hold))
-            .bind(lock.key)
-            .bind(lock.owner)
-            .bind(lock.fencing_token)
-            .bind(modifier(min_hold_micros))
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    fn write_gate(options: &sqlx::sqlite::SqliteConnectOptions) -> Option<WriteGate> {
-        static GATES: std::sync::LazyLock<
-            std::sync::Mutex<HashMap<std::path::PathBuf, std::sync::Weak<tokio::sync::RwLock<()>>>>,
-        > = std::sync::LazyLock::new(Default::default);
-        let file = options.get_filename();
-        let file = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
-        let mut gates = GATES.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(gate) = gates.get(&file).and_then(std::sync::Weak::upgrade) {
-            return Some(gate);
-        }
-        gates.retain(|_, gate| gate.strong_count() > 0);
-        let gate = WriteGate::default();
-        gates.insert(file, std::sync::Arc::downgrade(&gate));
-        Some(gate)
-    }
-
-    fn contention(err: &sqlx::Error) -> Contention {
-        // SQLITE_BUSY and SQLITE_LOCKED with their extended codes: another writer.
-        let busy = db_code(err)
-            .and_then(|code| code.parse::<i32>().ok())
-            .map(|code| code & 0xff);
-        if matches!(busy, Some(5 | 6)) || is_unique_violation(err) {
-            Contention::LostRace
-        } else {
-            Contention::Failure
-        }
-    }
-
-    fn is_missing_table(err: &sqlx::Error) -> bool {
-        // SQLITE_ERROR carries no finer code for this; the message is stable.
-        matches!(err, sqlx::Error::Database(db) if db.message().starts_with("no such table"))
-    }
-
-    fn missing_column(err: &sqlx::Error) -> Option<String> {
-        // SQLITE_ERROR again: `no such column: expire_time`, `table t has no column named
-        // expire_time` (an INSERT's column list).
-        let sqlx::Error::Database(db) = err else {
-            return None;
-        };
-        let message = db.message();
-        let name = match message.strip_prefix("no such column: ") {
-            Some(name) => name,
-            None => message.split_once(" has no column named ")?.1,
-        };
-        let name = name.split_whitespace().next()?;
-        Some(name.rsplit('.').next().unwrap_or(name).to_owned())
+        _table: &str,
+        commit: bool,
+    ) -> Result<(), sqlx::Error> {
+        let end = if commit { "COMMIT" } else { "ROLLBACK" };
+        sqlx::query(end).execute(conn).await?;
+        Ok(())
     }
 
     async fn keep_alive(
@@ -460,23 +311,46 @@ impl LockSql for Sqlite {
         Ok(())
     }
 
-    async fn lock_migrations(conn: &mut SqliteConnection, _table: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("BEGIN IMMEDIATE").execute(conn).await?;
-        Ok(())
+    migration_io!();
+}
+
+impl ErrorCodes for Sqlite {
+    fn contention(err: &sqlx::Error) -> Contention {
+        // SQLITE_BUSY and SQLITE_LOCKED with their extended codes: another writer.
+        let busy = db_code(err)
+            .and_then(|code| code.parse::<i32>().ok())
+            .map(|code| code & 0xff);
+        if matches!(busy, Some(5 | 6)) || is_unique_violation(err) {
+            Contention::LostRace
+        } else {
+            Contention::Failure
+        }
     }
 
-    async fn unlock_migrations(
-        conn: &mut SqliteConnection,
-        _table: &str,
-        commit: bool,
-    ) -> Result<(), sqlx::Error> {
-        let end = if commit { "COMMIT" } else { "ROLLBACK" };
-        sqlx::query(end).execute(conn).await?;
-        Ok(())
+    fn is_missing_table(err: &sqlx::Error) -> bool {
+        // SQLITE_ERROR carries no finer code for this; the message is stable.
+        matches!(err, sqlx::Error::Database(db) if db.message().starts_with("no such table"))
     }
 
-    scripts_and_history!();
-    waiters_and_tickets!();
+    fn missing_column(err: &sqlx::Error) -> Option<String> {
+        // SQLITE_ERROR again: `no such column: expire_time`, `table t has no column named
+        // expire_time` (an INSERT's column list).
+        let sqlx::Error::Database(db) = err else {
+            return None;
+        };
+        let message = db.message();
+        let name = match message.strip_prefix("no such column: ") {
+            Some(name) => name,
+            None => message.split_once(" has no column named ")?.1,
+        };
+        let name = name.split_whitespace().next()?;
+        Some(name.rsplit('.').next().unwrap_or(name).to_owned())
+    }
+
+    fn is_row_locked(err: &sqlx::Error) -> bool {
+        // SQLITE_BUSY / SQLITE_LOCKED: contention() minus its duplicate-key case
+        Self::contention(err) == Contention::LostRace && !is_unique_violation(err)
+    }
 }
 
 impl TxSql for Sqlite {
@@ -484,19 +358,19 @@ impl TxSql for Sqlite {
         format!("?{index}")
     }
 
-    fn row_lock_sql(select: &str, _mode: RowLockMode) -> String {
+    fn row_lock_sql(select: &str, _mode: RowWait) -> String {
         // No row locks: begin_row_lock's BEGIN IMMEDIATE already holds the write lock.
         select.to_owned()
     }
 
     async fn begin_row_lock(
         conn: &mut SqliteConnection,
-        mode: RowLockMode,
+        mode: RowWait,
     ) -> Result<sqlx::Transaction<'_, Self>, sqlx::Error> {
         let busy_millis = match mode {
-            RowLockMode::Wait => None,
-            RowLockMode::NoWait | RowLockMode::SkipLocked => Some(0),
-            RowLockMode::Timeout(timeout) => Some(timeout.as_millis().max(1)),
+            RowWait::Wait => None,
+            RowWait::NoWait | RowWait::SkipLocked => Some(0),
+            RowWait::Timeout(timeout) => Some(timeout.as_millis().max(1)),
         };
         if let Some(millis) = busy_millis {
             // The busy timeout belongs to the connection: row_lock_changes_connection
@@ -510,13 +384,8 @@ impl TxSql for Sqlite {
         sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await
     }
 
-    fn row_lock_changes_connection(mode: RowLockMode) -> bool {
-        mode != RowLockMode::Wait
-    }
-
-    fn is_row_locked(err: &sqlx::Error) -> bool {
-        // SQLITE_BUSY / SQLITE_LOCKED: contention() minus its duplicate-key case
-        <Self as LockSql>::contention(err) == Contention::LostRace && !is_unique_violation(err)
+    fn row_lock_changes_connection(mode: RowWait) -> bool {
+        mode != RowWait::Wait
     }
 
     super::portable_ops!();

@@ -47,6 +47,17 @@ pub trait FaultDb: Backend {
         user: &str,
         connections: u32,
     ) -> impl Future<Output = Res<()>> + Send;
+
+    /// The server's id of the session on `conn`.
+    fn session_id(conn: &mut Self::Connection) -> impl Future<Output = Res<i64>> + Send;
+
+    /// Ends every session of the login `user` but those in `keep` (as a restart or a
+    /// firewall would cut them); how many it ended.
+    fn kill_sessions_except(
+        pool: &Pool<Self>,
+        user: &str,
+        keep: &[i64],
+    ) -> impl Future<Output = Res<u64>> + Send;
 }
 
 /// The statements that read the same on every backend (sqlx's executor bounds do not
@@ -126,6 +137,26 @@ impl FaultDb for Postgres {
         Ok(())
     }
 
+    async fn session_id(conn: &mut sqlx::PgConnection) -> Res<i64> {
+        Ok(sqlx::query_scalar("SELECT pg_backend_pid()::bigint")
+            .fetch_one(conn)
+            .await?)
+    }
+
+    async fn kill_sessions_except(pool: &Pool<Self>, user: &str, keep: &[i64]) -> Res<u64> {
+        // The call is in the select list: only the rows the condition picks are ended.
+        let ended: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM (SELECT pg_terminate_backend(pid) AS ended FROM pg_stat_activity
+                                    WHERE usename = $1 AND NOT pid::bigint = ANY($2)) AS s
+              WHERE ended",
+        )
+        .bind(user)
+        .bind(keep)
+        .fetch_one(pool)
+        .await?;
+        Ok(u64::try_from(ended)?)
+    }
+
     same_everywhere!();
 }
 
@@ -171,6 +202,29 @@ impl FaultDb for MySql {
         Ok(())
     }
 
+    async fn session_id(conn: &mut sqlx::MySqlConnection) -> Res<i64> {
+        Ok(sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+            .fetch_one(conn)
+            .await?)
+    }
+
+    async fn kill_sessions_except(pool: &Pool<Self>, user: &str, keep: &[i64]) -> Res<u64> {
+        let sessions: Vec<i64> = sqlx::query_scalar(
+            "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST WHERE USER = ?",
+        )
+        .bind(user)
+        .fetch_all(pool)
+        .await?;
+        let mut ended = 0;
+        for id in sessions.into_iter().filter(|id| !keep.contains(id)) {
+            sqlx::query(AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                .execute(pool)
+                .await?;
+            ended += 1;
+        }
+        Ok(ended)
+    }
+
     same_everywhere!();
 }
 
@@ -201,6 +255,14 @@ impl FaultDb for Sqlite {
 
     async fn limit_user(_: &Pool<Self>, _: &str, _: u32) -> Res<()> {
         Err("SQLite has no logins".into())
+    }
+
+    async fn session_id(_: &mut sqlx::SqliteConnection) -> Res<i64> {
+        Err("SQLite has no sessions".into())
+    }
+
+    async fn kill_sessions_except(_: &Pool<Self>, _: &str, _: &[i64]) -> Res<u64> {
+        Err("SQLite has no sessions".into())
     }
 
     same_everywhere!();

@@ -1,6 +1,7 @@
-//! Scenario 6b: the database answers, but refuses the lease engine its connection (the
-//! login's connection limit is reached by the application's own pool, whose connections
-//! are all in use, so the engine cannot take an idle one). The engine renews
+//! Scenario 6b: the database answers, but refuses the lease engine its connection: the
+//! engine's connection is cut while the login's connection limit is reached by the
+//! application's own pool, whose connections are all in use (so the engine cannot take an
+//! idle one). The engine renews
 //! on a connection of its own, outside the pool, so the lease cannot be renewed: it is
 //! lost at its deadline, and the reason says why (`NoConnection`), not `Unreachable`,
 //! which would send an operator looking for a network fault. Once the limit allows it,
@@ -29,7 +30,8 @@ pub async fn run<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
     if !ctx.networked() {
         return Err(NotApplicable("SQLite opens a file: there is no connection limit").into());
     }
-    DB::limit_user(&ctx.pool, USER, POOL).await?;
+    // The pool's connections and the engine's own.
+    DB::limit_user(&ctx.pool, USER, POOL + 1).await?;
     let url = with_user(&ctx.url, USER)?;
     let pool = PoolOptions::<DB>::new()
         .max_connections(POOL)
@@ -43,28 +45,28 @@ pub async fn run<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
         .try_acquire("fault:refused", LEASE)
         .await?
         .ok_or("the key is free")?;
-    let acquired = Instant::now();
-    // The application holds every connection of its pool (the engine would take an idle
-    // one): the login is at its limit when the engine needs its connection.
-    let busy = (pool.acquire().await?, pool.acquire().await?);
-    ensure!(
-        pool.size() == POOL,
-        "the pool holds {} connections",
-        pool.size()
-    );
+    // The engine has its connection: it renews.
+    renewed(&guard, LEASE).await?;
+
+    // The application holds every connection of its pool, the login's limit drops to
+    // them, and the engine's connection is cut (a restart, a firewall): the database
+    // refuses the new one the engine opens, and the engine cannot take an idle one.
+    let mut busy = [pool.acquire().await?, pool.acquire().await?];
+    let mut keep = Vec::new();
+    for conn in &mut busy {
+        keep.push(DB::session_id(conn).await?);
+    }
+    DB::limit_user(&ctx.pool, USER, POOL).await?;
+    let cut_sessions = DB::kill_sessions_except(&ctx.pool, USER, &keep).await?;
+    ensure!(cut_sessions >= 1, "no engine connection to cut");
+    let cut = Instant::now();
     let reason = timeout(LEASE * 4, guard.lost())
         .await
         .map_err(|_| "the lease was not reported lost")?;
-    let lost_after = acquired.elapsed();
+    let lost_after = cut.elapsed();
     ensure!(
         reason == LostReason::NoConnection,
         "lost({reason:?}): the database answered, it only refused the engine a connection"
-    );
-    // Counted from before the acquisition was sent: never before the lease could end.
-    ensure!(
-        lost_after >= LEASE - Duration::from_millis(100),
-        "lost after {}",
-        secs(lost_after)
     );
     // The application gives its connections back: the lost guard's release needs one.
     drop(busy);
@@ -88,7 +90,7 @@ pub async fn run<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
     pool.close().await;
     DB::limit_user(&ctx.pool, USER, 0).await?;
     Ok(format!(
-        "login limited to the pool's {POOL} connections: lease {} lost({reason:?}) after {}; \
+        "engine's connection cut, login at its limit: lease {} lost({reason:?}) {} after the cut; \
          limit raised: renewed {} after the next acquisition",
         secs(LEASE),
         secs(lost_after),

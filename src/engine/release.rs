@@ -1,0 +1,210 @@
+//! Ending leases: an explicit release on the caller's task, and the batched release of
+//! leases given up without one (dropped guards, failed releases).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{Engine, EngineState, RetryDelays, plan_wake};
+use crate::dialect::{Backend, LockId};
+use crate::error::{LostReason, Result};
+use crate::lease::Lease;
+use crate::retry::{Retry, by_deadline, retry};
+use crate::stats::Counters;
+
+impl<DB: Backend> Engine<DB> {
+    /// Stops renewing `lease`, waits for a batch in flight that includes it, then deletes
+    /// the row if it is still ours (retrying while another session is in the way, until
+    /// the lease's deadline). `Some(expired)` when our row was deleted, saying whether its
+    /// lease had run out by the database clock; `None` when it was not ours any more.
+    pub(crate) async fn release(&self, lease: &Lease) -> Result<Option<bool>> {
+        self.inner.release(lease).await
+    }
+
+    /// [`release`](Self::release) for callers nobody waits on (dropped guards, failed
+    /// releases): queued for the engine's next batched release (see the module docs),
+    /// retried until the lease's deadline; after that the row has expired and anyone may
+    /// take it over. A lease with a minimum hold, or one given up after the engine
+    /// stopped, is released on its own.
+    pub(crate) fn release_in_background(&self, lease: Arc<Lease>) {
+        if lease.min_hold().is_none() {
+            let mut state = self.inner.state();
+            // Once told to stop, the engine's task takes no more: it may have sent its
+            // last batch already.
+            if !state.stopped && !self.inner.jobs.is_stopping() {
+                state.leases.remove(&lease.id);
+                {
+                    let mut timing = lease.timing();
+                    timing.renewing = false;
+                    timing.ended = true;
+                }
+                state.releasing.push(lease);
+                let due = state.release_at.unwrap_or_else(Instant::now);
+                let wake = plan_wake(&mut state, due);
+                drop(state);
+                self.ensure_started();
+                if wake {
+                    self.inner.wake.notify_one();
+                }
+                return;
+            }
+        }
+        Arc::clone(&self.inner).release_alone(lease);
+    }
+}
+
+impl<DB: Backend> EngineState<DB> {
+    /// Releases one lease in a background job of its own (outside the batches), retrying
+    /// failures until its deadline.
+    pub(super) fn release_alone(self: Arc<Self>, lease: Arc<Lease>) {
+        let inner = Arc::clone(&self);
+        self.jobs.spawn(async move {
+            let (engine, held) = (&*inner, &*lease);
+            let deadline = held.deadline();
+            let released = retry(&engine.retry, deadline, |_| async move {
+                by_deadline(deadline, engine.release(held))
+                    .await
+                    .map_err(Retry::Again)
+            })
+            .await;
+            if let Err(err) = released {
+                tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+            }
+        });
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Option<bool>> {
+        let in_pass = {
+            let mut state = self.state();
+            state.leases.remove(&lease.id);
+            let mut timing = lease.timing();
+            timing.renewing = false;
+            timing.ended = true;
+            timing.in_pass
+        };
+        // A batch that includes this lease may be in flight: let it land first, so that
+        // no renewal of ours reaches the database after the DELETE.
+        // (Boxed, as the minimum hold's statement below: rare, and held inline they
+        // would grow every release's future, which is copied on each move.)
+        if in_pass > *self.passes_done.borrow() {
+            let mut done = self.passes_done.subscribe();
+            Box::pin(done.wait_for(|done| *done >= in_pass)).await.ok();
+        }
+        // Sent again while another session is in the way, as long as the lease lasts.
+        let outcome = self.release_once(lease).await;
+        let kept = matches!(outcome, Ok((_, true)));
+        // Held no more by this process: also when the DELETE failed (a background release
+        // only repeats it), and when the row is kept for a job's minimum hold (nobody
+        // works under it, it waits out its time). Before the next local waiter is woken
+        // below, so that the held gauge never counts this lease and the waiter's at once.
+        lease.end_hold();
+        // The next local waiter tries at once rather than at the end of its backoff
+        // (also when the DELETE failed: the lease may have ended anyway). A row kept for
+        // a minimum hold is still held: the waiters sleep until its lease ends.
+        if !kept {
+            self.queues.released(&lease.key);
+        }
+        let (deleted, _) = outcome?;
+        self.settle(lease, deleted, kept);
+        Ok(deleted)
+    }
+
+    /// Records what a release found, once its statement answered: `deleted` is
+    /// `Some(expired)` when our row went, `None` when it was not ours any more; `kept`
+    /// when the row stays for a job's minimum hold.
+    fn settle(&self, lease: &Lease, deleted: Option<bool>, kept: bool) {
+        // The release may be the first to see that the lease is gone (a guard that was not
+        // renewed, a row deleted since the last renewal): a loss like any other, counted
+        // and reported once.
+        match deleted {
+            Some(true) => lease.mark_lost(LostReason::Expired),
+            None if Instant::now() < lease.deadline() => lease.mark_lost(LostReason::Deleted),
+            None => lease.mark_lost(LostReason::TakenOver),
+            Some(false) => {}
+        }
+        if deleted.is_some() {
+            Counters::bump(&self.counters.released);
+        }
+        if deleted.is_some() && !kept {
+            self.wakeups.released_here(lease.fencing_token);
+        }
+        tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, deleted = deleted.is_some(), expired = deleted == Some(true), kept, "lock released");
+    }
+
+    /// Sends one batched release for every lease given up without a release, if its time
+    /// has come (see the module docs). A failed batch is tried again after the backoff's
+    /// next pause, without the leases whose deadline has passed meanwhile. Whether
+    /// leases are still waiting to be released.
+    pub(super) async fn release_due(&self, backoff: &mut RetryDelays) -> bool {
+        let now = Instant::now();
+        let mut batch = {
+            let mut state = self.state();
+            if state.releasing.is_empty() || state.release_at.is_some_and(|at| at > now) {
+                return !state.releasing.is_empty();
+            }
+            std::mem::take(&mut state.releasing)
+        };
+        let (live, lapsed): (Vec<_>, Vec<_>) =
+            batch.drain(..).partition(|lease| now < lease.deadline());
+        for lease in lapsed {
+            tracing::warn!(key = %lease.key, owner = %lease.owner, "background release failed until the lease's deadline; the row will expire");
+            lease.end_hold();
+            self.queues.released(&lease.key);
+        }
+        let mut batch = live;
+        if batch.is_empty() {
+            return !self.state().releasing.is_empty();
+        }
+        // In key order: two batches (or a batch and a renewal) lock rows in one order.
+        batch.sort_by(|a, b| a.key.cmp(&b.key));
+        let ids: Vec<LockId<'_>> = batch.iter().map(|lease| lease.lock_id()).collect();
+        // Bounded by the batch's last deadline, and by the first deadline of a lease the
+        // engine renews: the statement shares the engine's connection with renewal.
+        let last = batch.iter().map(|lease| lease.deadline()).max();
+        let renewing = self.state().leases.values().map(|l| l.deadline()).min();
+        let bound = last.into_iter().chain(renewing).min().unwrap_or(now);
+        Counters::bump(&self.counters.release_batches);
+        match by_deadline(bound, self.table.release_batch(&ids)).await {
+            Ok(rows) => {
+                *backoff = Box::new(self.retry.delays());
+                let released: HashMap<(&str, i64), bool> = rows
+                    .iter()
+                    .map(|row| ((row.key.as_str(), row.fencing_token), row.expired))
+                    .collect();
+                for lease in &batch {
+                    lease.end_hold();
+                    self.queues.released(&lease.key);
+                    let deleted = released.get(&(lease.key.as_str(), lease.fencing_token));
+                    self.settle(lease, deleted.copied(), false);
+                }
+                drop(ids);
+                let mut state = self.state();
+                state.release_at = None;
+                !state.releasing.is_empty()
+            }
+            Err(err) => {
+                tracing::debug!(table = %self.table.name(), leases = batch.len(), error = %err, "batched release failed; retrying until each lease's deadline");
+                let retry_at = Instant::now() + backoff.next().unwrap_or_default();
+                drop(ids);
+                let mut state = self.state();
+                state.release_at = Some(retry_at);
+                state.releasing.extend(batch);
+                true
+            }
+        }
+    }
+
+    /// One release statement: the owner-checked DELETE, or, for a lease with a minimum
+    /// hold that has not passed yet, the UPDATE that lets the row end then (`true` in
+    /// the answer's second half; the row counts as released, not expired).
+    async fn release_once(&self, lease: &Lease) -> Result<(Option<bool>, bool)> {
+        let until = lease.deadline();
+        if let Some(min_hold) = lease.min_hold()
+            && Box::pin(self.table.keep_min_hold(lease.lock_id(), min_hold, until)).await?
+        {
+            return Ok((Some(false), true));
+        }
+        Ok((self.table.release(lease.lock_id(), until).await?, false))
+    }
+}
