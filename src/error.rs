@@ -168,7 +168,7 @@ pub enum Error {
         reason: LostReason,
     },
     /// A row is locked by another transaction (`NOWAIT`, lock-wait timeout, or SQLite busy).
-    #[error("row is locked by another transaction: {0}")]
+    #[error("row is locked by another transaction: {}", said(.0))]
     RowLocked(#[source] sqlx::Error),
     /// An optimistic update kept conflicting until its attempts ran out.
     #[error("version conflict on {table} after {attempts} attempts")]
@@ -180,7 +180,10 @@ pub enum Error {
     },
     /// The lock table does not exist: [`Locker::migrate`](crate::Locker::migrate) has not
     /// been run on this database (or the builder names another table).
-    #[error("lock table {table:?} does not exist: run Locker::migrate() first ({source})")]
+    #[error(
+        "lock table {table:?} does not exist: run Locker::migrate() first ({})",
+        said(source)
+    )]
     MissingTable {
         /// The table's name.
         table: String,
@@ -211,9 +214,10 @@ pub enum Error {
     /// silently, so dblock is not safe behind it. Use session mode, or PgBouncer 1.21+
     /// with `max_prepared_statements` above 0 (see the README, "Connection poolers").
     #[error(
-        "a connection pooler mixed up prepared statements between sessions ({source}): dblock \
+        "a connection pooler mixed up prepared statements between sessions ({}): dblock \
          needs PgBouncer in session mode, or PgBouncer >= 1.21 with max_prepared_statements > 0 \
-         in transaction mode"
+         in transaction mode",
+        said(source)
     )]
     PoolerMixesSessions {
         /// What the database (through the pooler) said.
@@ -229,7 +233,7 @@ pub enum Error {
         max_connections: u32,
     },
     /// The database reported an error, or could not be reached.
-    #[error("database error: {0}")]
+    #[error("database error: {}", said(.0))]
     Database(#[from] sqlx::Error),
     /// Applying the migrations failed.
     #[error("migration failed: {0}")]
@@ -249,6 +253,24 @@ impl Error {
             Error::Database(err) => is_transient(err),
             _ => false,
         }
+    }
+}
+
+/// What the database said, for an error's text: sqlx's text without the " at line N"
+/// that it appends to a PostgreSQL error. That is the line of the server's C source that
+/// raised it, which reads like a line of the SQL and helps no one but a PostgreSQL
+/// developer (`source()` still gives the whole sqlx error).
+fn said(err: &sqlx::Error) -> String {
+    let text = err.to_string();
+    match text.rsplit_once(" at line ") {
+        Some((message, line))
+            if matches!(err, sqlx::Error::Database(_))
+                && !line.is_empty()
+                && line.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            message.to_owned()
+        }
+        _ => text,
     }
 }
 

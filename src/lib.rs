@@ -3,6 +3,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
+#[cfg(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+compile_error!(
+    "dblock needs a database: enable at least one of its cargo features `postgres`, `mysql` \
+     and `sqlite` (the default features enable all three), for example \
+     `dblock = { version = \"0.1\", default-features = false, features = [\"postgres\"] }`"
+);
+
 // The layers, top to bottom; no module imports from a layer above it (docs/architecture.md,
 // the crate docs' "Architecture"; tests/architecture.rs checks it).
 // API: what users call.

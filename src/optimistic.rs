@@ -280,14 +280,22 @@ impl<DB: Backend> Versioned<DB> {
     /// is in flight, it may or may not have been applied, and the version column tells
     /// which. The closure may be called again after an earlier call's write lost, so it
     /// should only decide, not act.
-    pub async fn update<K, V, R>(
-        &self,
-        key: &K,
-        mut decide: impl AsyncFnMut(V) -> Decision<V, R>,
-    ) -> Result<Outcome<V, R>>
+    ///
+    /// # The closure
+    /// Any async closure or closure returning a future, capturing what it likes by
+    /// reference or by value, also inside `tokio::spawn` and web handlers (which need the
+    /// whole future to be `Send`): `async |stock: i64| ..`, `async move |stock: i64| ..`,
+    /// `|stock: i64| async move { .. }`. Each attempt calls a clone of it, so it must be
+    /// `Clone` (references are; a captured `String` is cloned once per attempt): to
+    /// count its calls, capture a reference to an atomic or a `Mutex`, not a `&mut`.
+    /// (Why not `AsyncFnMut`: the compiler cannot yet prove that a future borrowed from
+    /// a capturing `AsyncFnMut` closure is `Send` for every borrow, and failed with
+    /// "implementation of `Send` is not general enough" at the spawn, not at the closure.)
+    pub async fn update<K, V, R, F>(&self, key: &K, decide: F) -> Result<Outcome<V, R>>
     where
         K: SqlValue<DB>,
         V: SqlValue<DB>,
+        F: AsyncFnOnce(V) -> Decision<V, R> + Clone,
     {
         // The attempts, not time, bound the loop.
         let mut backoff = Backoff::new(&self.retry, Instant::now() + crate::config::MAX_WAIT);
@@ -301,7 +309,7 @@ impl<DB: Backend> Versioned<DB> {
                     .await?
                     .ok_or(sqlx::Error::RowNotFound)?
             };
-            let value = match decide(current).await {
+            let value = match decide.clone()(current).await {
                 Decision::Write(value) => value,
                 Decision::Refuse(reason) => return Ok(Outcome::Refused { reason, attempts }),
             };

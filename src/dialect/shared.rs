@@ -63,6 +63,10 @@ macro_rules! migration_scripts {
 
 /// The acquisition upsert's answer on a database with `RETURNING`: a row only when we
 /// won. Evaluates to the `acquire` method's result.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_macros)
+)]
 macro_rules! returning_acquire {
     ($conn:expr, $sql:expr, $key:expr, $owner:expr, $lease_micros:expr) => {{
         let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&$sql.acquire))
@@ -81,6 +85,10 @@ macro_rules! returning_acquire {
 /// The end of a renewal on a database with `RETURNING`: the rows its `UPDATE` renewed,
 /// and when some leases of `$batch` were not renewed, a read of those keys (bound with the
 /// dialect's `key_list`) to say why. Evaluates to the `renew` method's result.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_macros)
+)]
 macro_rules! renewed_then_read_back {
     ($conn:expr, $sql:expr, $batch:expr, $renewed:expr) => {{
         let mut rows: Vec<RowState> = row_states($renewed, true).collect();

@@ -10,8 +10,8 @@ use clap::{Args, Parser, Subcommand};
 /// Printed under `--help`: what scripts can rely on.
 const EXIT_CODES: &str = "\
 Exit codes:
-  0  success (also: a list with no rows, a migrate with nothing to apply)
-  1  no row for the key (show, release), nothing to reap
+  0  success (also: a list with no rows, a migrate or reap with nothing to do)
+  1  no row for the key (show, release)
   2  usage error: bad option, URL scheme, key, table name or duration
   3  database error: cannot connect, table not migrated, statement failed
 Every failure prints one line on stderr, starting with `dblock: `.";

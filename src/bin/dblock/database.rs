@@ -98,7 +98,18 @@ pub(crate) async fn execute(cli: &Cli) -> Result<Output, Failure> {
             // not there is a typo, and an empty file would only hide it.
             let options = match cli.command {
                 Command::Migrate => options.create_if_missing(true),
-                _ => options,
+                _ => {
+                    let file = options.get_filename();
+                    let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+                    if !in_memory && !file.exists() {
+                        return Err(Failure::database(format!(
+                            "no SQLite database file at {}: check the path (only `dblock \
+                             migrate` creates one)",
+                            file.display()
+                        )));
+                    }
+                    options
+                }
             };
             open::<sqlx::Sqlite>(options, &shown, cli).await
         }
@@ -143,14 +154,14 @@ async fn session<DB: Backend>(pool: &Pool<DB>, shown: &str, cli: &Cli) -> Result
     let conn = pool
         .acquire()
         .await
-        .map_err(|err| cannot_connect(shown, &err, cli.connect_timeout))?;
+        .map_err(|err| cannot_connect(shown, err, cli.connect_timeout))?;
     drop(conn);
     let outcome = commands::run(&locker, &cli.command).await;
     locker.shutdown().await;
     outcome
 }
 
-fn cannot_connect(shown: &str, err: &sqlx::Error, timeout: Duration) -> Failure {
+fn cannot_connect(shown: &str, err: sqlx::Error, timeout: Duration) -> Failure {
     let why = match err {
         // sqlx retries refused connections until its timeout and keeps the cause.
         sqlx::Error::PoolTimedOut => format!(
@@ -158,7 +169,11 @@ fn cannot_connect(shown: &str, err: &sqlx::Error, timeout: Duration) -> Failure 
              host and port?)",
             humantime::format_duration(timeout)
         ),
-        err => err.to_string(),
+        // dblock's text of it: without the " at line N" of PostgreSQL's C source.
+        err => dblock::Error::from(err)
+            .to_string()
+            .trim_start_matches("database error: ")
+            .to_owned(),
     };
     Failure::database(format!("cannot connect to {shown}: {why}"))
 }

@@ -57,9 +57,10 @@ impl From<dblock::Error> for Failure {
             | Error::InvalidDuration { .. }
             | Error::InvalidTableName { .. } => Failure::usage(err.to_string()),
             // dblock's own text names the library call; an operator needs the command.
-            Error::MissingTable { table, source } => Failure::database(format!(
-                "lock table {table:?} does not exist: run `dblock migrate` first ({source})"
-            )),
+            Error::MissingTable { .. } => Failure::database(
+                err.to_string()
+                    .replace("Locker::migrate()", "`dblock migrate`"),
+            ),
             err => Failure::database(err.to_string()),
         }
     }

@@ -2,7 +2,7 @@
 //! a lock table on PostgreSQL, MySQL/MariaDB or SQLite. A plain client of dblock's public
 //! API; `dblock --help` lists the commands and exit codes.
 //!
-//! Scripts can rely on: the exit code (0 success, 1 not found / nothing to do, 2 usage,
+//! Scripts can rely on: the exit code (0 success, also with nothing to do; 1 not found; 2 usage,
 //! 3 database), exactly one line on stderr starting with `dblock: ` for every failure,
 //! and `--json` output of one object per line.
 
