@@ -205,7 +205,7 @@ const RESERVED_WORDS: &[&str] = &[
     "decimal", "declare", "default", "deferrable", "delayed", "delete", "delete_domain_id",
     "dense_rank", "desc", "describe", "deterministic", "distinct", "distinctrow", "div",
     "do", "do_domain_ids", "double", "drop", "dual", "each", "else", "elseif", "empty",
-    "enclosed", "end", "escape", "escaped", "except", "exists", "exit", "error_from", "false",
+    "enclosed", "end", "escape", "escaped", "except", "exists", "exit", "explain", "false",
     "fetch", "first_value", "float", "float4", "float8", "for", "force", "foreign",
     "freeze", "from", "full", "fulltext", "function", "grant", "group", "grouping",
     "groups", "having", "high_priority", "hour_microsecond", "hour_minute", "hour_second",
