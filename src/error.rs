@@ -197,7 +197,8 @@ pub enum Error {
     #[error(
         "lock table {table:?} exists but has no column {column:?}, so it was not made by \
          Locker::migrate(): name another table (LockerBuilder::table), or rename that one \
-         and run Locker::migrate() ({source})"
+         and run Locker::migrate() ({})",
+        said_by(source.as_ref())
     )]
     SchemaMismatch {
         /// The table's name.
@@ -236,7 +237,7 @@ pub enum Error {
     #[error("database error: {}", said(.0))]
     Database(#[from] sqlx::Error),
     /// Applying the migrations failed.
-    #[error("migration failed: {0}")]
+    #[error("migration failed: {}", without_source_lines(&.0.to_string()))]
     Migration(#[from] refinery::Error),
 }
 
@@ -261,17 +262,31 @@ impl Error {
 /// raised it, which reads like a line of the SQL and helps no one but a PostgreSQL
 /// developer (`source()` still gives the whole sqlx error).
 fn said(err: &sqlx::Error) -> String {
-    let text = err.to_string();
-    match text.rsplit_once(" at line ") {
-        Some((message, line))
-            if matches!(err, sqlx::Error::Database(_))
-                && !line.is_empty()
-                && line.bytes().all(|b| b.is_ascii_digit()) =>
-        {
-            message.to_owned()
+    without_source_lines(&err.to_string())
+}
+
+/// [`said`] for a boxed source (a database error, or a migration's error quoting one).
+fn said_by(source: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    without_source_lines(&source.to_string())
+}
+
+/// `text` without each " at line N" (a migration's error carries the database's words
+/// inside its own text).
+fn without_source_lines(text: &str) -> String {
+    const MARK: &str = " at line ";
+    let mut kept = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        kept.push_str(&rest[..at]);
+        if digits == 0 {
+            kept.push_str(MARK);
         }
-        _ => text,
+        rest = &after[digits..];
     }
+    kept.push_str(rest);
+    kept
 }
 
 /// Connection-level failures that say nothing about the lock itself.
@@ -344,3 +359,21 @@ pub(crate) fn shown_key(key: &str) -> String {
 /// }
 /// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::without_source_lines;
+
+    #[test]
+    fn source_lines_are_cut_and_other_text_kept() {
+        assert_eq!(
+            without_source_lines("relation \"t\" does not exist at line 1392"),
+            "relation \"t\" does not exist"
+        );
+        assert_eq!(
+            without_source_lines("`a at line 1850`, `b at line 7`"),
+            "`a`, `b`"
+        );
+        assert_eq!(without_source_lines("stop at line end"), "stop at line end");
+    }
+}
