@@ -230,6 +230,100 @@ pub(crate) async fn attempt<DB: Backend>(
     }
 }
 
+/// The transaction of an attempt at several keys, in flight. Dropped before it answered,
+/// it hands the transaction to a background job, which lets it finish and removes the
+/// rows it may have won.
+struct AllInFlight<'c, DB: Backend> {
+    core: &'c Core<DB>,
+    statement: Option<Statement<Result<Option<Vec<Acquired>>>>>,
+    keys: &'c [String],
+    owner: &'c str,
+    until: Instant,
+}
+
+impl<DB: Backend> Drop for AllInFlight<'_, DB> {
+    fn drop(&mut self) {
+        let Some(statement) = self.statement.take() else {
+            return;
+        };
+        let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
+        let (keys, owner, until) = (self.keys.to_vec(), self.owner.to_owned(), self.until);
+        self.core.jobs.spawn(async move {
+            let tokens: Vec<Option<i64>> = match tokio::time::timeout_at(until, statement).await {
+                Ok(Ok(None)) => return,
+                Ok(Ok(Some(won))) => won.iter().map(|won| Some(won.fencing_token)).collect(),
+                Ok(Err(_)) | Err(_) => vec![None; keys.len()],
+            };
+            for (key, token) in keys.iter().zip(tokens) {
+                remove_leftover(&table, &policy, key, &owner, token, until).await;
+            }
+        });
+    }
+}
+
+/// One attempt at all of `keys` (validated, sorted, distinct) for `owner`, all or
+/// nothing in one transaction; the leases, in the keys' order, or `None` when a key was
+/// held or the race lost. Cancel safe as [`attempt`].
+pub(crate) async fn attempt_all<DB: Backend>(
+    core: &Core<DB>,
+    keys: &[String],
+    owner: &str,
+    lease: Duration,
+    renew: Option<Duration>,
+) -> Result<Option<Vec<Arc<Lease>>>> {
+    Counters::bump(&core.counters.attempts);
+    let sent_at = Instant::now();
+    let until = sent_at + lease;
+    let statement: Statement<Result<Option<Vec<Acquired>>>> = {
+        let table = Arc::clone(&core.table);
+        let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
+        Box::pin(async move { table.acquire_all(&sent_keys, &sent_owner, lease).await })
+    };
+    let mut in_flight = AllInFlight {
+        core,
+        statement: Some(statement),
+        keys,
+        owner,
+        until,
+    };
+    let outcome = answer(&mut in_flight.statement).await;
+    match outcome {
+        Ok(Some(won)) => {
+            Counters::bump(&core.counters.acquired);
+            tracing::debug!(?keys, owner, "locks acquired");
+            let leases = keys
+                .iter()
+                .zip(won)
+                .map(|(key, won)| {
+                    core.engine.start_lease(Won {
+                        key: key.clone(),
+                        owner: owner.to_owned(),
+                        fencing_token: won.fencing_token,
+                        expires_at: won.expires_at,
+                        length: lease,
+                        interval: renew,
+                        sent_at,
+                    })
+                })
+                .collect();
+            Ok(Some(leases))
+        }
+        Ok(None) => Ok(None),
+        Err(err) => {
+            // The answer was lost, not necessarily the commit: the rows this owner may
+            // hold go in the background, as after a lost single attempt.
+            let (table, policy) = (Arc::clone(&core.table), core.retry);
+            let (keys, owner) = (keys.to_vec(), owner.to_owned());
+            core.jobs.spawn(async move {
+                for key in &keys {
+                    remove_leftover(&table, &policy, key, &owner, None, until).await;
+                }
+            });
+            Err(err)
+        }
+    }
+}
+
 /// Calls `attempt` until it wins or `wait` has passed (holding no connection while it
 /// waits), in the Locker's line for `key`: the local FIFO queue, or fair mode's tickets.
 /// A database error ends the wait at once: an outage is not contention.
@@ -244,9 +338,41 @@ where
 {
     match core.fair_line() {
         // Boxed: the rarer mode's state would otherwise grow every waiter's future.
-        Some(fair) => Box::pin(wait_in(core, &fair, key, wait, attempt)).await,
-        None => wait_in(core, &Fifo(&core.queues), key, wait, attempt).await,
+        Some(fair) => {
+            fair.check_order().await?;
+            Box::pin(wait_in(core, &fair, key, key, wait, attempt)).await
+        }
+        None => wait_in(core, &Fifo(&core.queues), key, key, wait, attempt).await,
     }
+}
+
+/// [`wait_for`] in this Locker's FIFO queue `queue`, whatever its mode: the waiting of a
+/// semaphore, a read-write lock or several keys, whose queue is not one row's (fair
+/// mode's tickets order the waiters of one row), and whose `attempt` tries several rows.
+/// After a lost attempt the waiter marks the row `note` (the row whose release it waits
+/// for: a reader, the writer's) so that its release wakes it on PostgreSQL, and sleeps
+/// until that row's lease ends at the latest.
+///
+/// While nobody of this Locker waits in `queue`, the first attempt is made before joining
+/// it: the rows these attempts take are many (permits, readers), so callers that find
+/// one free need not take turns, and nobody is passed who was waiting.
+pub(crate) async fn wait_in_queue<DB: Backend, F>(
+    core: &Core<DB>,
+    queue: &str,
+    note: &str,
+    wait: Duration,
+    mut attempt: impl FnMut(Option<i64>) -> F,
+) -> Result<Arc<Lease>>
+where
+    F: Future<Output = Result<Option<Arc<Lease>>>>,
+{
+    if !wait.is_zero()
+        && core.queues.waiting(queue) == 0
+        && let Some(won) = attempt(None).await?
+    {
+        return Ok(won);
+    }
+    wait_in(core, &Fifo(&core.queues), queue, note, wait, attempt).await
 }
 
 /// The waiting loop. A waiter whose turn it is attempts; after a lost attempt it asks the
@@ -259,6 +385,7 @@ async fn wait_in<DB: Backend, F>(
     core: &Core<DB>,
     line: &dyn Line,
     key: &str,
+    note: &str,
     wait: Duration,
     mut attempt: impl FnMut(Option<i64>) -> F,
 ) -> Result<Arc<Lease>>
@@ -285,7 +412,7 @@ where
                 break;
             }
             place.lost().await?;
-            match pacing.after_loss(core, key).await {
+            match pacing.after_loss(core, note).await {
                 AfterLoss::TryAgain => continue,
                 AfterLoss::Sleep(pause) => pause,
                 AfterLoss::GiveUp => break,
@@ -311,19 +438,20 @@ where
         }
     }
     drop(place);
-    Err(timed_out(core, key, started, attempts).await)
+    Err(timed_out(core, key, note, started, attempts).await)
 }
 
 /// The [`Error::Timeout`] of a wait for `key` that started at `started`.
 async fn timed_out<DB: Backend>(
     core: &Core<DB>,
     key: &str,
+    held: &str,
     started: Instant,
     attempts: u32,
 ) -> Error {
     let waited = started.elapsed();
-    // Who kept the key: worth one more read (briefly), the wait is over anyway.
-    let read = by_deadline(Instant::now() + HOLDER_READ, core.table.inspect(key));
+    // Who kept the row waited for: worth one more read (briefly), the wait is over anyway.
+    let read = by_deadline(Instant::now() + HOLDER_READ, core.table.inspect(held));
     let holder = read.await.ok().flatten();
     Error::Timeout {
         key: key.to_owned(),

@@ -66,6 +66,14 @@ pub struct LockInfo {
 }
 
 impl LockInfo {
+    /// What the row is, from its key: `"semaphore"` (`<name>~permit-<i>-of-<n>`),
+    /// `"read"` (`<name>~read-<id>`), `"write"` (`<name>~write`, `<name>~write-grant`),
+    /// `"leader"` (`<name>~leader`), or `"mutex"` (any other key: a lock of
+    /// [`Locker::try_acquire`], a job's, several keys' or a plain-SQL client's).
+    pub fn kind(&self) -> &'static str {
+        kind_of(&self.key)
+    }
+
     /// How long the row had been held when it was read.
     pub fn held_for(&self) -> Duration {
         (self.read_at - self.acquired_at)
@@ -268,5 +276,39 @@ impl<DB: Backend> Locker<DB> {
             core.queues.released(key);
         }
         Ok(deleted)
+    }
+}
+
+/// The kind of the row keyed `key` (see [`LockInfo::kind`]).
+fn kind_of(key: &str) -> &'static str {
+    let Some((_, part)) = key.rsplit_once(crate::queue::GROUP_MARK) else {
+        return "mutex";
+    };
+    if part.starts_with("permit-") && part.contains("-of-") {
+        "semaphore"
+    } else if part.starts_with("read-") {
+        "read"
+    } else if part == "write" || part == "write-grant" {
+        "write"
+    } else if part == "leader" {
+        "leader"
+    } else {
+        "mutex"
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::kind_of;
+
+    #[test]
+    fn rows_say_what_they_are() {
+        assert_eq!(kind_of("exports~permit-0-of-3"), "semaphore");
+        assert_eq!(kind_of("catalog~read-0123456789abcdef"), "read");
+        assert_eq!(kind_of("catalog~write"), "write");
+        assert_eq!(kind_of("catalog~write-grant"), "write");
+        assert_eq!(kind_of("scheduler~leader"), "leader");
+        assert_eq!(kind_of("invoice:42"), "mutex");
+        assert_eq!(kind_of("a~b"), "mutex");
     }
 }

@@ -233,6 +233,18 @@ pub enum Error {
         /// The pool's `max_connections`.
         max_connections: u32,
     },
+    /// A [`Semaphore`](crate::Semaphore) was asked for with another number of permits
+    /// than the live permits of its name were taken with. Nothing was written: pass one
+    /// count for a name everywhere (to change it, let the old permits end first).
+    #[error("semaphore {name:?} is in use with {found} permits; this handle asks for {permits}")]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The count this handle was made with.
+        permits: u32,
+        /// The count of a live permit of the name.
+        found: u32,
+    },
     /// The database reported an error, or could not be reached.
     #[error("database error: {}", said(.0))]
     Database(#[from] sqlx::Error),

@@ -34,7 +34,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::config::RetryPolicy;
 use crate::dialect::Backend;
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::inflight::{Statement, answer};
 use crate::jobs::Jobs;
 use crate::lease::Lease;
@@ -54,6 +54,9 @@ pub(crate) struct Tickets {
     /// The lease of a ticket, and how often it is renewed.
     pub(crate) lease: Duration,
     interval: Duration,
+    /// Whether the database keeps tickets in arrival order, asked once (see
+    /// [`Fair::check_order`]).
+    order: tokio::sync::OnceCell<Option<&'static str>>,
 }
 
 /// What the ticket job works on.
@@ -109,6 +112,7 @@ impl Tickets {
             started: AtomicBool::new(false),
             lease,
             interval: interval.min(lease / 3),
+            order: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -279,6 +283,22 @@ pub(crate) struct Fair<'c, DB: Backend> {
     pub(crate) retry: &'c RetryPolicy,
     /// Releases a won lease whose waiter went away before it had it.
     pub(crate) engine: &'c Engine<DB>,
+}
+
+impl<DB: Backend> Fair<'_, DB> {
+    /// Refuses fair mode, before any ticket is written, on a database that cannot keep
+    /// tickets in arrival order (MariaDB Galera): asked once per Locker.
+    pub(crate) async fn check_order(&self) -> Result<()> {
+        let out_of_order = self
+            .tickets
+            .order
+            .get_or_try_init(|| self.table.tickets_out_of_order())
+            .await?;
+        match out_of_order {
+            Some(reason) => Err(Error::InvalidConfig((*reason).to_owned())),
+            None => Ok(()),
+        }
+    }
 }
 
 impl<DB: Backend> Line for Fair<'_, DB> {

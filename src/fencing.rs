@@ -1,4 +1,6 @@
-//! Fencing inside the caller's own transaction: [`LockGuard::assert_held`].
+//! Fencing inside the caller's own transaction: [`LockGuard::assert_held`], and
+//! [`LockGuard::commit`] / [`LockGuard::explain`], which read a conflict rollback of that
+//! transaction as the lost lock it may be.
 
 use sqlx::Transaction;
 
@@ -10,10 +12,10 @@ impl<DB: Backend> LockGuard<DB> {
     /// Checks, inside the caller's write transaction `tx`, that this lock is still held:
     /// the row has this guard's owner and fencing token and an unexpired lease by the
     /// database clock. It also locks that row until `tx` ends, so no takeover, release or
-    /// renewal can commit in between: call it before the writes it protects, commit after
-    /// it, and those writes commit only if the lock was still ours. If the lease runs out
-    /// while `tx` is open, the next holder's acquisition waits for `tx` to end, so its
-    /// writes come after yours.
+    /// renewal can commit in between on the same server: call it before the writes it
+    /// protects, commit after it (with [`commit`](Self::commit)), and those writes commit
+    /// only if the lock was still ours. If the lease runs out while `tx` is open, the next
+    /// holder's acquisition waits for `tx` to end, so its writes come after yours.
     ///
     /// The row stays locked until `tx` ends, live lease or not: an acquisition attempt
     /// on this key from anywhere waits for `tx` (so a rival's `try_acquire` can take as
@@ -21,27 +23,115 @@ impl<DB: Backend> LockGuard<DB> {
     /// and so does the batched renewal of every lease of this guard's Locker. Keep such
     /// transactions short against the lease.
     ///
+    /// On a MariaDB Galera cluster the row lock is the node's own: a rival on another
+    /// node takes an expired lock at once, and Galera's certification lets only one of
+    /// the two transactions commit. When the takeover wins, `tx` is rolled back (error
+    /// 1213 at its next statement or at `COMMIT`): your writes still commit only if the
+    /// lock was ours, but the refusal arrives as a database error, so end `tx` with
+    /// [`commit`](Self::commit) and pass errors of your own statements through
+    /// [`explain`](Self::explain) to see it as [`Error::NotHeld`].
+    ///
     /// `tx` must be on the database that holds the lock table. PostgreSQL locks the row
-    /// `FOR SHARE`, MySQL/MariaDB `LOCK IN SHARE MODE`; on SQLite the check is a write that
-    /// changes nothing, which takes the database's write lock (begin `tx` with
+    /// `FOR SHARE`. MySQL/MariaDB write it (the lease's end moves by one microsecond):
+    /// Galera certifies only rows written, and a read-only check let a stale holder's
+    /// transaction commit after another node's takeover. On SQLite the check is a write
+    /// that changes nothing, which takes the database's write lock (begin `tx` with
     /// `BEGIN IMMEDIATE` to take it at the start instead).
     ///
     /// Errors: [`Error::NotHeld`] when the lock expired, was taken over, released or
-    /// deleted (roll `tx` back: dropping it does); [`Error::RowLocked`] when the lock row
-    /// (on SQLite, the database) stayed busy past the server's lock-wait limit;
-    /// [`Error::Database`] otherwise.
+    /// deleted (roll `tx` back: dropping it does), also when the check itself was rolled
+    /// back by such a change; [`Error::RowLocked`] when the lock row (on SQLite, the
+    /// database) stayed busy past the server's lock-wait limit; [`Error::Database`]
+    /// otherwise.
+    ///
+    /// # Example
+    /// ```
+    /// # async fn demo(locker: dblock::Locker<dblock::Sqlite>) -> Result<(), dblock::Error> {
+    /// let five = std::time::Duration::from_secs(5);
+    /// let guard = locker.acquire("invoice:42", five, five).await?;
+    /// let mut tx = locker.pool().begin().await?;
+    /// guard.assert_held(&mut tx).await?;
+    /// // ... the writes the lock protects, on `tx` ...
+    /// guard.commit(tx).await?;
+    /// guard.release().await
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads and locks inside `tx`; dropping `tx` undoes the lock.
     pub async fn assert_held(&self, tx: &mut Transaction<'_, DB>) -> Result<()> {
-        let held = self.lock_table().check_fence(tx, self.lock_id()).await?;
-        if held {
-            Ok(())
-        } else {
-            Err(Error::NotHeld {
-                key: self.key().to_owned(),
-                owner: self.owner().to_owned(),
-            })
+        match self.lock_table().check_fence(tx, self.lock_id()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.not_held()),
+            Err(err) if DB::is_conflict_rollback(&err) => Err(self.explain(err).await),
+            Err(err) => Err(self.lock_table().row_lock_error(err)),
+        }
+    }
+
+    /// Commits `tx`, a transaction this guard's [`assert_held`](Self::assert_held)
+    /// checked. When the database refuses the commit as a conflict (a deadlock victim, a
+    /// serialization failure, a Galera certification failure or brute-force abort) and
+    /// this lock is no longer held by the database clock, the answer is
+    /// [`Error::NotHeld`]: nothing of `tx` was written, and the lock is gone (do not retry
+    /// the work under this guard). A conflict while the lock is still held stays
+    /// [`Error::Database`] (the transaction may be retried), as does any other error.
+    ///
+    /// # Example
+    /// ```
+    /// # async fn demo(locker: dblock::Locker<dblock::Sqlite>) -> Result<(), dblock::Error> {
+    /// let five = std::time::Duration::from_secs(5);
+    /// let guard = locker.acquire("invoice:42", five, five).await?;
+    /// let mut tx = locker.pool().begin().await?;
+    /// guard.assert_held(&mut tx).await?;
+    /// guard.commit(tx).await?;
+    /// # guard.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Not cancel safe in what it reports: dropped while `COMMIT` is on the wire, the
+    /// transaction may or may not have committed (as with sqlx's own `commit`).
+    pub async fn commit(&self, tx: Transaction<'_, DB>) -> Result<()> {
+        match tx.commit().await {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Reads an error of a statement in a transaction fenced by
+    /// [`assert_held`](Self::assert_held): [`Error::NotHeld`] when the database rolled the
+    /// transaction back as a conflict and this lock is no longer held (expired, taken
+    /// over, released or deleted, read on a pool connection by the database clock);
+    /// otherwise the error as [`Error::Database`]. On one server a takeover waits for
+    /// the fenced transaction; across MariaDB Galera nodes it rolls that transaction back
+    /// instead, and this is how that rollback is told apart from an ordinary deadlock.
+    ///
+    /// # Example
+    /// ```
+    /// # async fn demo(locker: dblock::Locker<dblock::Sqlite>) -> Result<(), dblock::Error> {
+    /// let five = std::time::Duration::from_secs(5);
+    /// let guard = locker.acquire("invoice:42", five, five).await?;
+    /// let mut tx = locker.pool().begin().await?;
+    /// guard.assert_held(&mut tx).await?;
+    /// let write = sqlx::query("SELECT 1").execute(&mut *tx).await;
+    /// if let Err(err) = write {
+    ///     return Err(guard.explain(err).await);
+    /// }
+    /// guard.commit(tx).await?;
+    /// # guard.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn explain(&self, err: sqlx::Error) -> Error {
+        if !DB::is_conflict_rollback(&err) {
+            return Error::Database(err);
+        }
+        match self.lock_table().still_held(self.lock_id()).await {
+            Ok(false) => self.not_held(),
+            // Still ours: an ordinary conflict. Unreadable: the error is all we know.
+            Ok(true) | Err(_) => Error::Database(err),
         }
     }
 }

@@ -94,6 +94,13 @@ impl<DB: Backend> LockGuard<DB> {
         }
     }
 
+    /// The lease, its hold handed to the caller (for a guard made again from it): the
+    /// guard's drop does nothing.
+    pub(crate) fn into_lease(mut self) -> Arc<Lease> {
+        self.hold = Hold::Done;
+        Arc::clone(&self.lease)
+    }
+
     pub(crate) fn lock_id(&self) -> LockId<'_> {
         self.lease.lock_id()
     }
@@ -217,7 +224,7 @@ impl<DB: Backend> LockGuard<DB> {
             .release_in_background(Arc::clone(&self.lease));
     }
 
-    fn not_held(&self) -> Error {
+    pub(crate) fn not_held(&self) -> Error {
         Error::NotHeld {
             key: self.key().to_owned(),
             owner: self.owner().to_owned(),

@@ -14,13 +14,18 @@ compile_error!(
 // the crate docs' "Architecture"; tests/architecture.rs checks it).
 // API: what users call.
 mod admin;
+mod election;
 mod fencing;
 mod guard;
 mod job;
 mod locker;
+mod multi;
 mod optimistic;
 mod owner;
+mod primitive;
 mod row_lock;
+mod rwlock;
+mod semaphore;
 // The core a Locker's clones, guards and owners share.
 mod core;
 // The lock algorithm: acquisition and its one waiting loop, the lines waiters join (the
@@ -55,12 +60,18 @@ pub use config::{
     MAX_OWNER_PREFIX_BYTES, MAX_TABLE_NAME_BYTES, MAX_WAIT, MIN_LEASE, RetryPolicy,
 };
 pub use dialect::{Backend, LockId};
+pub use election::{
+    Election, Leader, LeaderWatch, Leadership, MAX_IDENTITY_BYTES, MIN_WATCH_INTERVAL,
+};
 pub use error::{Error, LostReason, Result};
 pub use guard::LockGuard;
 pub use job::Job;
 pub use locker::{Holder, Locker, LockerBuilder};
+pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};
 pub use owner::Owner;
 pub use reaper::{LEAK_CHECK_LIMIT, LeakReport, LongHeld, ReaperConfig, ReaperHandle};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use stats::Stats;
 
 /// The sqlx that dblock is built on (0.9), so that an application can name the same

@@ -18,7 +18,7 @@ use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
-use crate::metrics;
+use crate::metrics::{self, Kind};
 use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
 use crate::stats::Stats;
 use crate::table::{ConnectOptions, LockTable};
@@ -252,6 +252,10 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// taking a ticket one more, and every local waiter of the key looks on each release
     /// (not only the first). A row written by a plain-SQL client still blocks everyone;
     /// tickets only order dblock's own waiters.
+    ///
+    /// On a MariaDB Galera cluster (`wsrep_on`) ticket numbers come in per-node strides,
+    /// not in arrival order: the first waiting acquisition of a fair Locker there answers
+    /// [`Error::InvalidConfig`] with that reason, before any ticket is written.
     pub fn fair(mut self, on: bool) -> Self {
         self.fair = on;
         self
@@ -405,7 +409,10 @@ impl<DB: Backend> Locker<DB> {
     /// Creates or upgrades the lock table (refinery migrations, history in
     /// `<table>_history`). Safe to call from many processes at once: runs are serialized
     /// by a database lock, and a second run applies nothing. Returns how many migrations
-    /// were applied.
+    /// were applied. On MySQL/MariaDB that lock is `GET_LOCK` plus a claim row in
+    /// `<table>_migrating`, which also holds across the nodes of a MariaDB Galera cluster
+    /// (`GET_LOCK` is a node's own there); a run that died while holding the claim delays
+    /// the others by at most a minute.
     ///
     /// # Cancel safety
     /// Dropping the future may leave a migration half-applied; every migration is written
@@ -435,7 +442,7 @@ impl<DB: Backend> Locker<DB> {
         let (owner, mut gate) = (self.core.new_owner(), None);
         // Boxed, as in `acquire`: each wrapper below would otherwise hold a copy of it.
         let attempt = Box::pin(self.attempt(key, &owner, lease, None, &mut gate));
-        let lease = metrics::try_acquire(&self.core.metrics, key, attempt).await?;
+        let lease = metrics::try_acquire(&self.core.metrics, Kind::Mutex, key, attempt).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
@@ -468,7 +475,7 @@ impl<DB: Backend> Locker<DB> {
         let won = Box::pin(acquire::wait_for(&self.core, key, wait, async |ticket| {
             self.attempt(key, &owner, lease, ticket, &mut None).await
         }));
-        let won = metrics::acquire(&self.core.metrics, key, wait, won).await?;
+        let won = metrics::acquire(&self.core.metrics, Kind::Mutex, key, wait, won).await?;
         Ok(self.guard(won))
     }
 
@@ -551,9 +558,7 @@ impl<DB: Backend> Locker<DB> {
         ticket: Option<i64>,
         gate: &'a mut Gate,
     ) -> impl Future<Output = Result<Option<Arc<Lease>>>> + 'a {
-        let renew = self
-            .auto_renew
-            .then(|| self.core.renew_interval.min(lease / 3));
+        let renew = self.renew_every(lease);
         let request = Request {
             key,
             owner,
@@ -562,6 +567,12 @@ impl<DB: Backend> Locker<DB> {
             ticket,
         };
         acquire::attempt(&self.core, request, gate)
+    }
+
+    /// How often a lease of `lease` taken through this handle is renewed; `None`: never.
+    pub(crate) fn renew_every(&self, lease: Duration) -> Option<Duration> {
+        self.auto_renew
+            .then(|| self.core.renew_interval.min(lease / 3))
     }
 
     /// A guard on a won lease.

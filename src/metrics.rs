@@ -114,6 +114,47 @@ impl Outcome {
     }
 }
 
+/// What was acquired: the `kind` label of [`ACQUIRE_TIME`] and the field of the `acquire`
+/// span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// A key's lock (`Locker::try_acquire` / `acquire`, an `Owner`'s).
+    Mutex,
+    /// A semaphore's permit.
+    Semaphore,
+    /// A read of a read-write lock.
+    Read,
+    /// A write of a read-write lock.
+    Write,
+    /// An election's lead.
+    Leader,
+    /// Several keys at once.
+    Multi,
+}
+
+impl Kind {
+    /// Every kind, in declaration order (the index of [`TableMetrics`]' keys).
+    const ALL: [Kind; 6] = [
+        Kind::Mutex,
+        Kind::Semaphore,
+        Kind::Read,
+        Kind::Write,
+        Kind::Leader,
+        Kind::Multi,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Mutex => "mutex",
+            Kind::Semaphore => "semaphore",
+            Kind::Read => "read",
+            Kind::Write => "write",
+            Kind::Leader => "leader",
+            Kind::Multi => "multi",
+        }
+    }
+}
+
 /// What [`FAILURE_COUNT`] counts, as its `reason` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {
@@ -172,7 +213,7 @@ pub(crate) struct TableMetrics(Arc<Keys>);
 struct Keys {
     table: Arc<str>,
     #[cfg(feature = "metrics")]
-    acquire_time: [::metrics::Key; Outcome::ALL.len()],
+    acquire_time: [[::metrics::Key; Outcome::ALL.len()]; Kind::ALL.len()],
     #[cfg(feature = "metrics")]
     failure: [::metrics::Key; Failure::ALL.len()],
     #[cfg(feature = "metrics")]
@@ -190,24 +231,35 @@ impl TableMetrics {
     pub(crate) fn new(table: &str) -> Self {
         let table: Arc<str> = table.into();
         #[cfg(feature = "metrics")]
-        let key = |name: &'static str, label: Option<(&'static str, &'static str)>| {
+        let key = |name: &'static str, extra: &[(&'static str, &'static str)]| {
             let mut labels = vec![::metrics::Label::new("table", Arc::clone(&table))];
-            labels.extend(label.map(|(key, value)| ::metrics::Label::new(key, value)));
+            labels.extend(
+                extra
+                    .iter()
+                    .map(|(key, value)| ::metrics::Label::new(*key, *value)),
+            );
             ::metrics::Key::from_parts(name, labels)
         };
         TableMetrics(Arc::new(Keys {
             #[cfg(feature = "metrics")]
-            acquire_time: Outcome::ALL.map(|o| key(ACQUIRE_TIME, Some(("outcome", o.as_str())))),
+            acquire_time: Kind::ALL.map(|k| {
+                Outcome::ALL.map(|o| {
+                    key(
+                        ACQUIRE_TIME,
+                        &[("outcome", o.as_str()), ("kind", k.as_str())],
+                    )
+                })
+            }),
             #[cfg(feature = "metrics")]
-            failure: Failure::ALL.map(|f| key(FAILURE_COUNT, Some(("reason", f.as_str())))),
+            failure: Failure::ALL.map(|f| key(FAILURE_COUNT, &[("reason", f.as_str())])),
             #[cfg(feature = "metrics")]
-            hold_time: key(HOLD_TIME, None),
+            hold_time: key(HOLD_TIME, &[]),
             #[cfg(feature = "metrics")]
-            held: key(HELD, None),
+            held: key(HELD, &[]),
             #[cfg(feature = "metrics")]
-            waiters: key(WAITERS, None),
+            waiters: key(WAITERS, &[]),
             #[cfg(feature = "metrics")]
-            renewals: key(RENEWALS, None),
+            renewals: key(RENEWALS, &[]),
             table,
         }))
     }
@@ -250,27 +302,30 @@ pub(crate) async fn in_span<F: Future>(
 /// recorded.
 pub(crate) fn try_acquire<'a, T: 'a>(
     metrics: &'a TableMetrics,
+    kind: Kind,
     key: &'a str,
     attempt: impl Future<Output = Result<Option<T>>> + 'a,
 ) -> impl Future<Output = Result<Option<T>>> + 'a {
-    acquisition(metrics, key, attempt, Outcome::of_attempt)
+    acquisition(metrics, kind, key, attempt, Outcome::of_attempt)
 }
 
 /// A waiting acquisition (`acquire`, waiting up to `wait`) in an `acquire` span, its time
 /// and outcome recorded.
 pub(crate) fn acquire<'a, T: 'a>(
     metrics: &'a TableMetrics,
+    kind: Kind,
     key: &'a str,
     wait: Duration,
     acquire: impl Future<Output = Result<T>> + 'a,
 ) -> impl Future<Output = Result<T>> + 'a {
-    acquisition(metrics, key, acquire, move |acquired| {
+    acquisition(metrics, kind, key, acquire, move |acquired| {
         Outcome::of_wait(acquired, wait)
     })
 }
 
 async fn acquisition<T>(
     metrics: &TableMetrics,
+    kind: Kind,
     key: &str,
     op: impl Future<Output = Result<T>>,
     outcome: impl Fn(&Result<T>) -> Outcome,
@@ -279,12 +334,13 @@ async fn acquisition<T>(
     let span = tracing::info_span!(
         "acquire",
         key,
+        kind = kind.as_str(),
         table = metrics.table(),
         outcome = tracing::field::Empty
     );
     let acquired = in_span(span, || op, |acquired| outcome(acquired).as_str()).await;
     let outcome = outcome(&acquired);
-    acquire_time(metrics, outcome, started.elapsed().as_secs_f64());
+    acquire_time(metrics, kind, outcome, started.elapsed().as_secs_f64());
     match outcome {
         Outcome::Timeout => failure(metrics, Failure::Timeout),
         Outcome::Error => failure(metrics, Failure::Error),
@@ -348,11 +404,11 @@ fn move_gauge(key: &::metrics::Key, delta: i64) {
 }
 
 /// Records an acquisition's time (seconds) and outcome.
-pub(crate) fn acquire_time(metrics: &TableMetrics, outcome: Outcome, seconds: f64) {
+pub(crate) fn acquire_time(metrics: &TableMetrics, kind: Kind, outcome: Outcome, seconds: f64) {
     #[cfg(feature = "metrics")]
-    histogram(&metrics.0.acquire_time[outcome as usize]).record(seconds);
+    histogram(&metrics.0.acquire_time[kind as usize][outcome as usize]).record(seconds);
     #[cfg(not(feature = "metrics"))]
-    let _ = (metrics, outcome, seconds);
+    let _ = (metrics, kind, outcome, seconds);
 }
 
 /// Counts a failure.
@@ -456,6 +512,9 @@ mod tests {
         for (i, failure) in Failure::ALL.into_iter().enumerate() {
             assert_eq!(failure.index(), i, "{failure:?}");
         }
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind:?}");
+        }
         #[cfg(feature = "metrics")]
         {
             let metrics = TableMetrics::new("locks");
@@ -464,9 +523,12 @@ mod tests {
                     .map(|l| format!("{}={}", l.key(), l.value()))
                     .collect::<Vec<_>>()
             };
-            let key = &metrics.0.acquire_time[Outcome::Timeout as usize];
+            let key = &metrics.0.acquire_time[Kind::Semaphore as usize][Outcome::Timeout as usize];
             assert_eq!(key.name(), ACQUIRE_TIME);
-            assert_eq!(labels(key), ["table=locks", "outcome=timeout"]);
+            assert_eq!(
+                labels(key),
+                ["table=locks", "outcome=timeout", "kind=semaphore"]
+            );
             let key = &metrics.0.failure[Failure::Lost(LostReason::Deleted).index()];
             assert_eq!(key.name(), FAILURE_COUNT);
             assert_eq!(labels(key), ["table=locks", "reason=lost_deleted"]);

@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::locker::Locker;
-use crate::metrics;
+use crate::metrics::{self, Kind};
 
 impl<DB: Backend> Locker<DB> {
     /// A reentrant owner identity: guards it acquires for a key it already holds nest
@@ -120,7 +120,8 @@ impl<DB: Backend> Owner<DB> {
         validate_lease(lease)?;
         // Boxed, as in `Locker::try_acquire`: each wrapper would otherwise hold a copy.
         let attempt = Box::pin(self.attempt(key, lease, None));
-        let won = metrics::try_acquire(&self.locker.core.metrics, key, attempt).await?;
+        let won =
+            metrics::try_acquire(&self.locker.core.metrics, Kind::Mutex, key, attempt).await?;
         Ok(won.map(|lease| self.locker.guard(lease)))
     }
 
@@ -146,7 +147,7 @@ impl<DB: Backend> Owner<DB> {
             let attempt = async |ticket| self.attempt(key, lease, ticket).await;
             acquire::wait_for(core, key, wait, attempt).await
         });
-        let won = metrics::acquire(&core.metrics, key, wait, won).await?;
+        let won = metrics::acquire(&core.metrics, Kind::Mutex, key, wait, won).await?;
         Ok(self.locker.guard(won))
     }
 

@@ -17,6 +17,18 @@ use crate::lease::Lease;
 use crate::line::{self, Line, Step};
 use crate::metrics::{self, TableMetrics};
 
+/// Marks the rows of a coordination primitive: a semaphore's permits, a read-write
+/// lock's readers and writer, an election's leader are rows keyed `<name>~<part>`, and
+/// `<name>~` is the key of the local queue their waiters line up in.
+pub(crate) const GROUP_MARK: char = '~';
+
+/// The group `key` belongs to: its text up to and including the last [`GROUP_MARK`].
+pub(crate) fn group_of(key: &str) -> Option<&str> {
+    key.rfind(GROUP_MARK)
+        .map(|at| &key[..at + GROUP_MARK.len_utf8()])
+        .filter(|group| group.len() < key.len())
+}
+
 /// The queues of one Locker, by key.
 pub(crate) struct LocalQueues {
     keys: Mutex<HashMap<String, VecDeque<Waiter>>>,
@@ -113,21 +125,34 @@ impl LocalQueues {
     }
 
     /// `key` was released (through this Locker, or elsewhere as a listener heard): the
-    /// head of its queue tries now. Whether anyone was waiting.
+    /// head of its queue tries now, and the head of its group's (see [`group_of`]).
+    /// Whether anyone was waiting.
     pub(crate) fn released(&self, key: &str) -> bool {
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return false;
         }
         let keys = self.keys();
-        let Some(queue) = keys.get(key) else {
-            return false;
-        };
-        for (place, waiter) in queue.iter().enumerate() {
-            if place == 0 || waiter.fair {
-                waiter.turn.give(false);
+        // The waiters of the group the key belongs to (a semaphore's permits, a
+        // read-write lock's rows) look again too: a member's release may let them in.
+        let mut woke = false;
+        let group = group_of(key).and_then(|group| keys.get(group));
+        for queue in [group, keys.get(key)].into_iter().flatten() {
+            for (place, waiter) in queue.iter().enumerate() {
+                if place == 0 || waiter.fair {
+                    waiter.turn.give(false);
+                }
             }
+            woke |= !queue.is_empty();
         }
-        !queue.is_empty()
+        woke
+    }
+
+    /// The head of `group`'s queue looks again: a member of the group was won by the
+    /// waiter ahead (a permit), and another one may still be free.
+    pub(crate) fn next_in_group(&self, group: &str) {
+        if let Some(head) = self.keys().get(group).and_then(VecDeque::front) {
+            head.turn.give(false);
+        }
     }
 
     /// Every head tries now: releases may have gone unheard (a listener reconnected).

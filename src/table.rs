@@ -40,6 +40,25 @@ pub(crate) const RENEW_CHUNK: usize = 10_000;
 pub(crate) type ConnectOptions<DB> =
     <<DB as sqlx::Database>::Connection as sqlx::Connection>::Options;
 
+/// The acquisition statement of each of `keys` in turn on `conn` (inside a transaction):
+/// what each won, or `None` at the first key held by another owner.
+async fn take_all<DB: Backend>(
+    conn: &mut DB::Connection,
+    sql: &DB::Statements,
+    keys: &[String],
+    owner: &str,
+    lease: Duration,
+) -> Result<Option<Vec<Acquired>>, sqlx::Error> {
+    let mut won = Vec::with_capacity(keys.len());
+    for key in keys {
+        match DB::acquire(conn, sql, key, owner, micros(lease)).await? {
+            Some(acquired) => won.push(acquired),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(won))
+}
+
 /// How many times a statement rolled back as a deadlock victim is sent again.
 const DEADLOCK_RETRIES: u32 = 10;
 
@@ -279,6 +298,50 @@ impl<DB: Backend> LockTable<DB> {
         }
     }
 
+    /// One attempt at every key of `keys` (sorted, distinct) for `owner`, all or nothing
+    /// in one transaction: the acquisition statement of each key in order, rolled back at
+    /// the first key held by another owner. Taking keys in one order everywhere means two
+    /// such transactions never wait for each other in a circle. `Ok(None)` when a key is
+    /// held or another session got in the way.
+    pub(crate) async fn acquire_all(
+        &self,
+        keys: &[String],
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Vec<Acquired>>> {
+        let won = self
+            .run_raw(|mut conn| async move {
+                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                let taken = take_all::<DB>(&mut tx, &self.sql, keys, owner, lease).await;
+                // Ended here, whatever happened: a transaction only dropped is rolled back
+                // when its connection is next used, and until then (idle in the pool) it
+                // keeps the row locks it took, which every other acquisition of those keys
+                // waits for.
+                match taken {
+                    Ok(Some(won)) => {
+                        tx.commit().await?;
+                        Ok(Some(won))
+                    }
+                    Ok(None) => {
+                        tx.rollback().await?;
+                        Ok(None)
+                    }
+                    Err(err) => {
+                        tx.rollback().await.ok();
+                        Err(err)
+                    }
+                }
+            })
+            .await;
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(?keys, error = %err, "lost a race for several keys");
+                Ok(None)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
+    }
+
     /// Owner- and token-checked delete: `Some(expired)` when our row went, saying whether
     /// its lease had already run out by the database clock; `None` when it was not ours.
     /// Sent again, until `until`, while another session is in the way (busy, a lock wait:
@@ -312,15 +375,23 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// Inside the caller's transaction (`conn` is its connection): whether `id` still
-    /// holds an unexpired lease, locking its row until the transaction ends.
+    /// holds an unexpired lease, locking its row until the transaction ends. The error
+    /// is the database's own: a conflict rollback needs [`still_held`](Self::still_held)
+    /// to be read.
     pub(crate) async fn check_fence(
         &self,
         conn: &mut DB::Connection,
         id: LockId<'_>,
-    ) -> Result<bool> {
-        DB::check_fence(conn, &self.sql, id)
-            .await
-            .map_err(|err| self.row_lock_error(err))
+    ) -> Result<bool, sqlx::Error> {
+        DB::check_fence(conn, &self.sql, id).await
+    }
+
+    /// Whether `id` still holds an unexpired lease by the database clock, read on a pool
+    /// connection (outside any transaction of the caller's).
+    pub(crate) async fn still_held(&self, id: LockId<'_>) -> Result<bool> {
+        Ok(self.inspect(id.key).await?.is_some_and(|row| {
+            row.owner == id.owner && row.fencing_token == id.fencing_token && !row.expired
+        }))
     }
 
     /// [`error_from`](Self::error_from), but a lock another transaction holds is
@@ -427,6 +498,16 @@ impl<DB: Backend> LockTable<DB> {
             .run(|mut conn| async move { DB::note_waiter(&mut conn, &self.sql, key).await })
             .await?;
         Ok(left.map(|micros| Duration::from_micros(u64::try_from(micros).unwrap_or(0))))
+    }
+
+    /// Fair mode: why this database cannot keep tickets in arrival order, if it cannot.
+    pub(crate) async fn tickets_out_of_order(&self) -> Result<Option<&'static str>> {
+        // Elsewhere the answer is known without a pool checkout.
+        if !DB::TICKETS_MAY_BE_OUT_OF_ORDER {
+            return Ok(None);
+        }
+        self.run(|mut conn| async move { DB::tickets_out_of_order(&mut conn).await })
+            .await
     }
 
     /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.

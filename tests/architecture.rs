@@ -16,13 +16,18 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "lib",
             "admin",
+            "election",
             "fencing",
             "guard",
             "job",
             "locker",
+            "multi",
             "optimistic",
             "owner",
+            "primitive",
             "row_lock",
+            "rwlock",
+            "semaphore",
         ],
     ),
     (

@@ -123,7 +123,7 @@ async fn four_rows<DB: TestBackend>(db: &TestDb<DB>) -> Vec<dblock::LockGuard<DB
 /// the columns line up: left-aligned cells start where their title starts, and tokens
 /// (right-aligned) end where `TOKEN` ends.
 fn cells(header: &str, line: &str) -> Vec<String> {
-    let titles = ["KEY", "OWNER", "TOKEN", "HELD", "EXPIRES"];
+    let titles = ["KEY", "OWNER", "TOKEN", "HELD", "EXPIRES", "KIND"];
     let starts: Vec<usize> = titles.iter().map(|t| header.find(t).unwrap()).collect();
     let mut cells = Vec::new();
     for (i, title) in titles.iter().enumerate() {
@@ -169,11 +169,13 @@ fn assert_same_row(json: &Value, info: &LockInfo) {
         "held_ms",
         "expires_in_ms",
         "read_at",
+        "kind",
     ];
     expected.sort();
     assert_eq!(fields, expected);
     assert_eq!(json["key"], info.key.as_str());
     assert_eq!(json["owner"], info.owner.as_str());
+    assert_eq!(json["kind"], info.kind());
     assert_eq!(json["fencing_token"], info.fencing_token);
     assert_eq!(at(json, "acquired_at"), info.acquired_at, "{json}");
     assert_eq!(at(json, "expires_at"), info.expires_at, "{json}");
@@ -230,7 +232,7 @@ async fn migrate_and_missing_table<DB: TestBackend>() {
     );
     assert_eq!(
         on(&db, &["list"]).await.ok(),
-        "KEY  OWNER  TOKEN  HELD  EXPIRES\n"
+        "KEY  OWNER  TOKEN  HELD  EXPIRES  KIND\n"
     );
     assert_eq!(on(&db, &["list", "--json"]).await.ok(), "");
 }
@@ -249,7 +251,7 @@ async fn list_shows_an_aligned_table<DB: TestBackend>() {
     let header = lines[0];
     assert_eq!(
         header.split_whitespace().collect::<Vec<_>>(),
-        ["KEY", "OWNER", "TOKEN", "HELD", "EXPIRES"]
+        ["KEY", "OWNER", "TOKEN", "HELD", "EXPIRES", "KIND"]
     );
     let rows: Vec<Vec<String>> = lines[1..].iter().map(|l| cells(header, l)).collect();
     let keys: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
@@ -272,7 +274,11 @@ async fn list_shows_an_aligned_table<DB: TestBackend>() {
     );
     assert_eq!(
         old[3..],
-        ["held 2 h".to_owned(), "expired 10 min ago".to_owned()]
+        [
+            "held 2 h".to_owned(),
+            "expired 10 min ago".to_owned(),
+            "mutex".to_owned()
+        ]
     );
     assert_eq!(rows[2][4], "expires in 59 min");
     assert_eq!(rows[3][1], guards[1].owner());
@@ -435,7 +441,8 @@ async fn show_one_key<DB: TestBackend>() {
             "fencing_token",
             "acquired_at",
             "expires_at",
-            "expired"
+            "expired",
+            "kind"
         ]
     );
     assert_eq!(lines[0].1, "job:live");
@@ -667,7 +674,7 @@ async fn sqlite_file_is_created_by_migrate_only() {
     assert!(applied.ok().starts_with("applied "), "{applied:#?}");
     assert!(path.exists());
     let listed = dblock(&["--database-url", &url, "list"], None).await;
-    assert_eq!(listed.ok(), "KEY  OWNER  TOKEN  HELD  EXPIRES\n");
+    assert_eq!(listed.ok(), "KEY  OWNER  TOKEN  HELD  EXPIRES  KIND\n");
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }

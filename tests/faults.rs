@@ -12,7 +12,9 @@
 //!
 //! Outside CI, a backend whose server binaries (or a scenario whose `faketime`) are not
 //! installed is skipped with the reason; with `CI` set, or the backend named in
-//! `DBLOCK_TEST_REQUIRE`, that is a failure.
+//! `DBLOCK_TEST_REQUIRE`, that is a failure. Group 11 runs PostgreSQL under Patroni (with
+//! etcd and HAProxy, private processes too); it is named `patroni` there. Group 10 runs a
+//! three-node MariaDB Galera cluster (galera-4, rsync); it is named `galera` there.
 
 use std::error::Error;
 use std::panic::AssertUnwindSafe;
@@ -46,6 +48,18 @@ mod async_failover;
 mod db;
 #[path = "faults/failover.rs"]
 mod failover;
+#[path = "faults/galera.rs"]
+mod galera;
+#[path = "faults/galera_contention.rs"]
+mod galera_contention;
+#[path = "faults/galera_faults.rs"]
+mod galera_faults;
+#[path = "faults/galera_migrate.rs"]
+mod galera_migrate;
+#[path = "faults/galera_scenarios.rs"]
+mod galera_scenarios;
+#[path = "faults/galera_stale.rs"]
+mod galera_stale;
 #[path = "faults/holder.rs"]
 mod holder;
 #[path = "faults/kill.rs"]
@@ -54,10 +68,22 @@ mod kill;
 mod no_connection;
 #[path = "faults/outage.rs"]
 mod outage;
+#[path = "faults/patroni.rs"]
+mod patroni;
+#[path = "faults/patroni_config.rs"]
+mod patroni_config;
+#[path = "faults/patroni_election.rs"]
+mod patroni_election;
+#[path = "faults/patroni_io.rs"]
+mod patroni_io;
+#[path = "faults/patroni_scenarios.rs"]
+mod patroni_scenarios;
 #[path = "faults/pause.rs"]
 mod pause;
 #[path = "faults/pool.rs"]
 mod pool;
+#[path = "faults/primitives.rs"]
+mod primitives;
 #[path = "common/proxy.rs"]
 mod proxy;
 #[path = "faults/replica.rs"]
@@ -162,6 +188,10 @@ const SCENARIOS: &[&str] = &[
     pool::NAME,
     no_connection::NAME,
     abuse::NAME,
+    primitives::PERMIT_KILLED,
+    primitives::LEADER_KILLED,
+    primitives::LEADER_PAUSED,
+    primitives::LEADER_RESIGNS,
     failover::NAME,
 ];
 
@@ -186,6 +216,8 @@ async fn run_all(report: &Report, filter: &[String]) {
             unavailable(report, &selection, Postgres::LABEL, reason, required)
         }
     }
+    // Group 11: PostgreSQL again, as a Patroni cluster of its own (patroni.rs).
+    patroni_scenarios::run_all(report, &selection).await;
     match mariadb {
         Ok(server) => {
             let url = server.url().to_owned();
@@ -196,6 +228,8 @@ async fn run_all(report: &Report, filter: &[String]) {
         }
         Err((reason, required)) => unavailable(report, &selection, MySql::LABEL, reason, required),
     }
+    // Group 10: a three-node Galera cluster of its own (galera_scenarios.rs).
+    galera_scenarios::run_all(report, &selection).await;
     let file = scratch.join("locks.db");
     let url = format!("sqlite://{}?mode=rwc", file.display());
     match Ctx::<Sqlite>::new(url, None).await {
@@ -230,7 +264,19 @@ fn unavailable(
     reason: String,
     required: bool,
 ) {
-    for scenario in SCENARIOS.iter().filter(|s| selection.wants(s)) {
+    unavailable_rows(report, selection, SCENARIOS, backend, reason, required);
+}
+
+/// A row for each of `scenarios` selected: failed if `required`, else skipped.
+pub fn unavailable_rows(
+    report: &Report,
+    selection: &Selection<'_>,
+    scenarios: &[&str],
+    backend: &'static str,
+    reason: String,
+    required: bool,
+) {
+    for scenario in scenarios.iter().filter(|s| selection.wants(s)) {
         report.add(Row {
             scenario: (*scenario).to_owned(),
             backend,
@@ -262,6 +308,7 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     )
     .await;
     scenario(ctx, report, selection, abuse::NAME, abuse::run).await;
+    primitives::run_all(ctx, report, selection).await;
     failover::run_all(ctx, report, selection).await;
 }
 
@@ -272,6 +319,22 @@ pub async fn scenario<DB, F>(
     report: &Report,
     selection: &Selection<'_>,
     name: &str,
+    body: F,
+) where
+    DB: FaultDb,
+    F: AsyncFnOnce(&mut Ctx<DB>) -> Res<String>,
+{
+    scenario_on(ctx, report, selection, name, DB::LABEL, body).await;
+}
+
+/// [`scenario`] with the row's backend named by the caller (a cluster of that backend's
+/// servers, say).
+pub async fn scenario_on<DB, F>(
+    ctx: &mut Ctx<DB>,
+    report: &Report,
+    selection: &Selection<'_>,
+    name: &str,
+    backend: &'static str,
     body: F,
 ) where
     DB: FaultDb,
@@ -303,7 +366,7 @@ pub async fn scenario<DB, F>(
     };
     report.add(Row {
         scenario: name.to_owned(),
-        backend: DB::LABEL,
+        backend,
         outcome,
         detail,
         took: started.elapsed(),

@@ -85,14 +85,14 @@ pub async fn outcomes_are_labelled<DB: TestBackend>() {
     let m = metrics(&db);
     let counts = m.histogram_counts(ACQUIRE_TIME);
     let expected = [
-        (labels(&[("outcome", "acquired")]), 1),
-        (labels(&[("outcome", "busy")]), 2),
-        (labels(&[("outcome", "timeout")]), 1),
+        (labels(&[("outcome", "acquired"), ("kind", "mutex")]), 1),
+        (labels(&[("outcome", "busy"), ("kind", "mutex")]), 2),
+        (labels(&[("outcome", "timeout"), ("kind", "mutex")]), 1),
     ];
     assert_eq!(counts, expected.into_iter().collect(), "acquire outcomes");
-    let acquired = m.histogram(ACQUIRE_TIME, &[("outcome", "acquired")]);
+    let acquired = m.histogram(ACQUIRE_TIME, &[("outcome", "acquired"), ("kind", "mutex")]);
     assert_within("acquired time", acquired[0], Duration::ZERO, t1 - t0);
-    let timed_out = m.histogram(ACQUIRE_TIME, &[("outcome", "timeout")]);
+    let timed_out = m.histogram(ACQUIRE_TIME, &[("outcome", "timeout"), ("kind", "mutex")]);
     assert_within("timeout time", timed_out[0], wait, t3 - t2);
     let failures = m.counters_named(FAILURE_COUNT);
     let expected = [(labels(&[("reason", "timeout")]), 1)];
@@ -129,7 +129,7 @@ pub async fn outcomes_are_labelled<DB: TestBackend>() {
     let documented = |name: &str| -> Vec<String> {
         let mut labels = vec!["table".to_owned()];
         match name {
-            ACQUIRE_TIME => labels.push("outcome".to_owned()),
+            ACQUIRE_TIME => labels.extend(["outcome".to_owned(), "kind".to_owned()]),
             FAILURE_COUNT => labels.push("reason".to_owned()),
             _ => {}
         }
@@ -154,7 +154,7 @@ pub async fn errors_are_counted<DB: TestBackend>() {
     let err = db.locker.acquire("k", LONG, LONG).await.unwrap_err();
     assert!(matches!(err, Error::MissingTable { .. }), "{err:?}");
     let m = metrics(&db);
-    let expected = [(labels(&[("outcome", "error")]), 2)];
+    let expected = [(labels(&[("outcome", "error"), ("kind", "mutex")]), 2)];
     let counts = m.histogram_counts(ACQUIRE_TIME);
     assert_eq!(counts, expected.into_iter().collect());
     let expected = [(labels(&[("reason", "error")]), 2)];
@@ -335,7 +335,8 @@ pub async fn waiters_are_counted_until_they_leave<DB: TestBackend>() {
     assert_eq!(m.gauge(WAITERS, &[]), 0.0, "the winner left the queue");
     assert_eq!(m.gauge(HELD, &[]), 1.0);
     assert_eq!(
-        m.histogram(ACQUIRE_TIME, &[("outcome", "acquired")]).len(),
+        m.histogram(ACQUIRE_TIME, &[("outcome", "acquired"), ("kind", "mutex")])
+            .len(),
         2
     );
     second.release().await.unwrap();
@@ -356,7 +357,8 @@ pub async fn nested_guards_count_one_lease<DB: TestBackend>() {
     let m = metrics(&db);
     assert_eq!(m.gauge(HELD, &[]), 1.0, "one lease");
     assert_eq!(
-        m.histogram(ACQUIRE_TIME, &[("outcome", "acquired")]).len(),
+        m.histogram(ACQUIRE_TIME, &[("outcome", "acquired"), ("kind", "mutex")])
+            .len(),
         2
     );
     outer.release().await.unwrap();
@@ -441,6 +443,50 @@ pub async fn spans_nest_under_the_callers_span<DB: TestBackend>() {
     assert_eq!(ours, expected);
 }
 
+/// Every primitive's acquisitions are timed under its own `kind`: one `acquired` value
+/// each, and a `busy` permit of a full semaphore.
+pub async fn primitives_are_labelled_by_kind<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let locker = &db.locker;
+    let semaphore = locker.semaphore("s", 1);
+    let permit = semaphore.try_acquire(LONG).await.unwrap().expect("free");
+    assert!(semaphore.try_acquire(LONG).await.unwrap().is_none());
+    let read = locker.rw_lock("r").read(LONG, PATIENCE).await.unwrap();
+    let write = locker
+        .rw_lock("w")
+        .try_write(LONG)
+        .await
+        .unwrap()
+        .expect("free");
+    let lead = locker.election("e").campaign("me", LONG).await.unwrap();
+    let both = locker
+        .try_acquire_all(&["a", "b"], LONG)
+        .await
+        .unwrap()
+        .expect("free");
+    let counts = metrics(&db).histogram_counts(ACQUIRE_TIME);
+    let expected = [
+        (labels(&[("outcome", "acquired"), ("kind", "semaphore")]), 1),
+        (labels(&[("outcome", "busy"), ("kind", "semaphore")]), 1),
+        (labels(&[("outcome", "acquired"), ("kind", "read")]), 1),
+        (labels(&[("outcome", "acquired"), ("kind", "write")]), 1),
+        (labels(&[("outcome", "acquired"), ("kind", "leader")]), 1),
+        (labels(&[("outcome", "acquired"), ("kind", "multi")]), 1),
+    ];
+    assert_eq!(
+        counts,
+        expected.into_iter().collect(),
+        "acquisitions by kind"
+    );
+    permit.release().await.unwrap();
+    read.release().await.unwrap();
+    write.release().await.unwrap();
+    lead.resign().await.unwrap();
+    both.release().await.unwrap();
+}
+
 /// One multi-threaded tokio test per case for backend `$db`.
 macro_rules! cases {
     ($db:ty) => {
@@ -454,6 +500,7 @@ macro_rules! cases {
             nested_guards_count_one_lease,
             dropped_guard_ends_its_hold,
             spans_nest_under_the_callers_span,
+            primitives_are_labelled_by_kind,
         );
     };
     (@each $db:ty; $($case:ident),* $(,)?) => {

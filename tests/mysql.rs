@@ -89,3 +89,65 @@ async fn plain_client_in_another_time_zone() {
     taker.release().await.unwrap();
     session.close().await.unwrap();
 }
+
+/// The migration claim that serializes runs across Galera nodes (where `GET_LOCK` is a
+/// node's own): a claim row written by "another node" (a plain client here, with the
+/// GET_LOCK of this server free) holds `migrate` back until it is deleted, and an expired
+/// claim is taken over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migration_claim_holds_runs_on_other_nodes_back() {
+    let Some(db) = TestDb::<MySql>::open().await else {
+        return;
+    };
+    let claim = |expiry: &str| {
+        format!(
+            "INSERT INTO {}_migrating (id, owner, expire_time) VALUES (1, 'other-node', {expiry})",
+            db.table
+        )
+    };
+    let mut session = MySqlConnection::connect(&db.location).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(claim("NOW(6) + INTERVAL 30 SECOND")))
+        .execute(&mut session)
+        .await
+        .unwrap();
+    let run = tokio::spawn({
+        let locker = db.locker.clone();
+        async move { locker.migrate().await }
+    });
+    // Held back: still running after several of its polls.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !run.is_finished(),
+        "migrate ran while another node held the claim"
+    );
+    let unclaim = format!("DELETE FROM {}_migrating", db.table);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(unclaim.clone()))
+        .execute(&mut session)
+        .await
+        .unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("migrate goes on once the claim is gone")
+        .unwrap()
+        .unwrap();
+    assert_eq!(applied, 0, "already migrated");
+    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {}_migrating",
+        db.table
+    )))
+    .fetch_one(&mut session)
+    .await
+    .unwrap();
+    assert_eq!(left, 0, "a run deletes its own claim");
+
+    // A claim whose run died (expired by the database clock) is taken over.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(claim("NOW(6) - INTERVAL 1 SECOND")))
+        .execute(&mut session)
+        .await
+        .unwrap();
+    let applied = tokio::time::timeout(Duration::from_secs(30), db.locker.migrate())
+        .await
+        .expect("an expired claim does not hold migrate back")
+        .unwrap();
+    assert_eq!(applied, 0);
+}

@@ -38,7 +38,8 @@ struct Fixture<DB: Db> {
     locker: Locker<DB>,
     pool: Pool<DB>,
     products: String,
-    // Fields drop in order: the product table goes before the harness drops the rest.
+    // Fields drop in order: the product tables go before the harness drops the rest.
+    _segments_table: DropTable<DB>,
     _products_table: DropTable<DB>,
     _db: TestDb<DB>,
 }
@@ -49,11 +50,13 @@ where
 {
     let db = TestDb::<DB>::open().await?;
     let products = format!("{}_stock", db.table);
-    let drop_products = DropTable {
+    let drop_table = |table: String| DropTable {
         location: db.location.clone(),
-        table: products.clone(),
+        table,
         backend: PhantomData,
     };
+    let drop_segments = drop_table(format!("{products}_segment"));
+    let drop_products = drop_table(products.clone());
     let locker = Locker::builder(db.pool.clone())
         .table(&db.table)
         .retry(stock::RETRY)
@@ -68,6 +71,7 @@ where
         shop,
         locker,
         products,
+        _segments_table: drop_segments,
         _products_table: drop_products,
         _db: db,
     })
@@ -151,6 +155,64 @@ where
     i64: SqlValue<DB>,
 {
     keeps_the_books::<DB>(Strategy::LockTable).await;
+}
+
+async fn segmented_keeps_the_books<DB: Db>()
+where
+    i64: SqlValue<DB>,
+{
+    keeps_the_books::<DB>(Strategy::Segmented).await;
+}
+
+/// An order is refused only when the segments together cannot serve it. First orders
+/// larger than any one segment: 10 units over 8 segments (2, 2, 1, 1, 1, 1, 1, 1), 3 an
+/// order, six workers: no segment covers an order alone, so each takes every segment's
+/// lease; exactly three are served (9 units) and 1 unit is left. Then 13 units (2 x 5,
+/// 1 x 3), 2 an order: the 2s serve orders alone, the 1s only together; six served, 1 left.
+/// A strategy that refused an order its picked segment could not cover would serve fewer.
+async fn segmented_sells_what_no_single_segment_holds<DB: Db>()
+where
+    i64: SqlValue<DB>,
+{
+    let Some(fx) = fixture::<DB>().await else {
+        return;
+    };
+    assert_eq!(fx.shop.segment_count(), stock::segmented::SEGMENTS);
+    let across = Workload {
+        workers: 6,
+        orders: 12,
+        products: 1,
+        stock: 10,
+        quantity: 3,
+        max_attempts: 1,
+    };
+    let uneven = Workload {
+        orders: 30,
+        stock: 13,
+        quantity: 2,
+        ..across
+    };
+    for workload in [across, uneven] {
+        let report = fx
+            .shop
+            .run(Strategy::Segmented, workload, &|| {})
+            .await
+            .unwrap();
+        assert_eq!(report.violations(), Vec::<String>::new(), "{report:?}");
+        assert_eq!(report.gave_up, 0, "{report:?}");
+        let served = (workload.stock / workload.quantity) as u64;
+        assert_eq!(report.accepted, vec![served], "{report:?}");
+        assert_eq!(
+            report.final_stock,
+            vec![workload.stock % workload.quantity],
+            "{report:?}"
+        );
+        assert_eq!(
+            report.rejected,
+            workload.orders as u64 - served,
+            "{report:?}"
+        );
+    }
 }
 
 async fn for_update_keeps_the_books<DB: Db>()
@@ -648,6 +710,8 @@ macro_rules! suite {
 
 suite!(
     lock_table_keeps_the_books,
+    segmented_keeps_the_books,
+    segmented_sells_what_no_single_segment_holds,
     for_update_keeps_the_books,
     optimistic_keeps_the_books,
     atomic_keeps_the_books,

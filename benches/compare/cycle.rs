@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::anatomy;
 use crate::contenders::{Dblock, DialectOnly, RedisLock};
 use crate::handwritten::HandCycle;
-use crate::measure::{Contender, Load, Stop, cycles, median, spread, turn_order};
+use crate::measure::{Contender, Load, interleaved, median, spread};
 use crate::report::{Table, count, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
@@ -173,41 +173,10 @@ async fn compare(
     contenders: &[Arc<dyn Contender>],
     tasks: usize,
 ) -> Comparison {
-    // Keys only need to be unique within a run (tables are fresh, Redis keys expire).
-    let run = crate::handwritten::new_owner()[..8].to_owned();
-    for (i, c) in contenders.iter().enumerate() {
-        let prefix = format!("{run}:w{i}:{tasks}");
-        cycles(Arc::clone(c), tasks, prefix, Stop::after(WARM_UP)).await;
-    }
-    let mut rounds = vec![Vec::new(); contenders.len()];
+    let timing = (settings.round, LEGS, WARM_UP);
     let total = settings.rounds * ROUND_FACTOR;
-    for round in 0..total {
-        eprintln!(
-            "cycle: {backend}, {tasks} task(s), round {}/{total}",
-            round + 1
-        );
-        let mut legs = vec![Load::default(); contenders.len()];
-        for leg in 0..LEGS {
-            let mut order: Vec<usize> = turn_order(contenders.len(), round).collect();
-            if leg % 2 == 1 {
-                order.reverse();
-            }
-            for i in order {
-                let prefix = format!("{run}:{round}:{leg}:{i}:{tasks}");
-                let load = cycles(
-                    Arc::clone(&contenders[i]),
-                    tasks,
-                    prefix,
-                    Stop::after(settings.round / LEGS),
-                )
-                .await;
-                legs[i].merge(load);
-            }
-        }
-        for (i, load) in legs.into_iter().enumerate() {
-            rounds[i].push(load);
-        }
-    }
+    let label = format!("cycle: {backend}");
+    let rounds = interleaved(contenders, tasks, total, timing, &label).await;
     Comparison {
         backend: backend.to_owned(),
         tasks,

@@ -8,7 +8,7 @@
 //! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
 //! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2;
 //! `hotkey`, with `hotkey_tasks` for its contenders and `hotkey_procs`, `hotkey_pool` and
-//! `hotkey_fair` for its multi-process, pool and fair-mode cells; `stock`, `renewal`, `reaper`), `anatomy` (the
+//! `hotkey_fair` for its multi-process, pool and fair-mode cells; `stock`, `renewal`, `reaper`, `primitives`), `anatomy` (the
 //! old design's task pattern timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //! failures), `report` (markdown).
 
@@ -24,6 +24,7 @@ mod hotkey_procs;
 mod hotkey_tasks;
 mod hotkey_thread;
 mod measure;
+mod primitives;
 mod reaper;
 mod renewal;
 mod report;
@@ -140,6 +141,15 @@ async fn main() {
         }
         if let Some(my) = &my {
             body.push_str(&reaper::section(&settings, my).await);
+        }
+    }
+    if settings.runs(Section::Primitives) {
+        body.push_str(primitives::INTRO);
+        if let Some(pg) = &pg {
+            body.push_str(&primitives::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&primitives::section(&settings, my).await);
         }
     }
 

@@ -233,6 +233,45 @@ pub async fn cycles(
     total
 }
 
+/// Warms every contender up for `warm_up`, then runs `rounds` rounds: each contender runs
+/// `round` per round, split into `legs` legs run in the round's order and then in reverse
+/// (A B C, C B A, ...), so that a burst of load on the shared machine lands on all of them
+/// alike. Per contender, its loads, one per round. `label` starts the progress lines.
+pub async fn interleaved(
+    contenders: &[Arc<dyn Contender>],
+    tasks: usize,
+    rounds: usize,
+    (round, legs, warm_up): (Duration, u32, Duration),
+    label: &str,
+) -> Vec<Vec<Load>> {
+    // Keys only need to be unique within a run (tables are fresh, Redis keys expire).
+    let run = crate::handwritten::new_owner()[..8].to_owned();
+    for (i, c) in contenders.iter().enumerate() {
+        let prefix = format!("{run}:w{i}:{tasks}");
+        cycles(Arc::clone(c), tasks, prefix, Stop::after(warm_up)).await;
+    }
+    let mut loads = vec![Vec::new(); contenders.len()];
+    for r in 0..rounds {
+        eprintln!("{label}, {tasks} task(s), round {}/{rounds}", r + 1);
+        let mut per_leg = vec![Load::default(); contenders.len()];
+        for leg in 0..legs {
+            let mut order: Vec<usize> = turn_order(contenders.len(), r).collect();
+            if leg % 2 == 1 {
+                order.reverse();
+            }
+            for i in order {
+                let prefix = format!("{run}:{r}:{leg}:{i}:{tasks}");
+                let stop = Stop::after(round / legs);
+                per_leg[i].merge(cycles(Arc::clone(&contenders[i]), tasks, prefix, stop).await);
+            }
+        }
+        for (i, load) in per_leg.into_iter().enumerate() {
+            loads[i].push(load);
+        }
+    }
+    loads
+}
+
 /// What the scheduler has counted for all threads of this process so far.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ProcessCpu {

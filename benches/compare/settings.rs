@@ -10,7 +10,8 @@ Flags (each also an environment variable; the flag wins):
   --rounds N          DBLOCK_BENCH_ROUNDS       rounds per comparison (default 5)
   --round-secs S      DBLOCK_BENCH_ROUND_SECS   seconds per contender per round (default 1)
   --long                                        rounds 15, round-secs 3: for a quiet machine
-  --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper
+  --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper,
+                                                primitives
                                                 (default: all)
   --guards LIST       DBLOCK_BENCH_GUARDS       guards held through one Locker in the renewal
                                                 section, one run each (default 1000,10000)
@@ -30,15 +31,17 @@ pub enum Section {
     Stock,
     Renewal,
     Reaper,
+    Primitives,
 }
 
 impl Section {
-    const ALL: [Section; 5] = [
+    const ALL: [Section; 6] = [
         Section::Cycle,
         Section::HotKey,
         Section::Stock,
         Section::Renewal,
         Section::Reaper,
+        Section::Primitives,
     ];
 
     fn name(self) -> &'static str {
@@ -48,6 +51,7 @@ impl Section {
             Section::Stock => "stock",
             Section::Renewal => "renewal",
             Section::Reaper => "reaper",
+            Section::Primitives => "primitives",
         }
     }
 }

@@ -1,17 +1,19 @@
 //! The stock-deduction workload: W workers place O one-product orders against P products
-//! of S units each, with one of five strategies. Shared by `examples/stock_deduction.rs`
+//! of S units each, with one of six strategies. Shared by `examples/stock_deduction.rs`
 //! and `tests/stock.rs`, so the strategies the example shows are the ones the tests check.
 
 // Each includer uses a different part of this module.
 #![allow(dead_code)]
+
+pub mod segmented;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dblock::{
-    Backend, Decision, Error, Locker, Outcome, RetryPolicy, RowLockMode, RowLocker, SqlValue,
-    Versioned,
+    Backend, Decision, Error, LockGuard, Locker, Outcome, RetryPolicy, RowLockMode, RowLocker,
+    SqlValue, Versioned,
 };
 use sqlx::Pool;
 
@@ -23,6 +25,10 @@ pub enum Strategy {
     /// A dblock lease on the product around the read-modify-write, fenced with
     /// `assert_held` inside the write transaction.
     LockTable,
+    /// The product's stock split over segment rows, each deducted under a dblock lease of
+    /// its own (分段锁, a segmented lock): orders for one product spread over several
+    /// keys instead of queueing for one. See `segmented.rs`.
+    Segmented,
     /// `SELECT .. FOR UPDATE` through [`RowLocker`].
     ForUpdate,
     /// A version column through [`Versioned`].
@@ -33,9 +39,10 @@ pub enum Strategy {
 
 impl Strategy {
     /// Every strategy, in the order the example runs them.
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::None,
         Strategy::LockTable,
+        Strategy::Segmented,
         Strategy::ForUpdate,
         Strategy::Optimistic,
         Strategy::Atomic,
@@ -46,6 +53,7 @@ impl Strategy {
         match self {
             Strategy::None => "none",
             Strategy::LockTable => "lock-table",
+            Strategy::Segmented => "segmented",
             Strategy::ForUpdate => "for-update",
             Strategy::Optimistic => "optimistic",
             Strategy::Atomic => "atomic",
@@ -97,7 +105,8 @@ pub struct Report {
     pub rejected: u64,
     /// Orders given up on contention (lock wait or version attempts ran out).
     pub gave_up: u64,
-    /// Optimistic retries (version conflicts); `None` where the strategy has none.
+    /// Optimistic retries (version conflicts), or segmented ones (a segment found short
+    /// under its lease after a read said it had enough); `None` where the strategy has none.
     pub retries: Option<u64>,
     /// Lease releases that failed (left to the guard's background retry).
     pub failed_releases: u64,
@@ -173,7 +182,7 @@ pub trait StockDb: Backend {
     ) -> impl Future<Output = sqlx::Result<u64>> + Send;
 
     /// What `Shop::open` created for `table` and its lock table `lock_table`, as
-    /// `DROP` statements: the tables and migration history, and what dropping a table
+    /// `DROP` statements: the tables (products, their segments, locks) and migration history, and what dropping a table
     /// leaves behind (PostgreSQL's fencing sequence, MySQL's fencing counter table; the
     /// triggers go with their tables).
     fn drop_statements(table: &str, lock_table: &str) -> Vec<String>;
@@ -184,6 +193,13 @@ pub trait StockDb: Backend {
         sql: &str,
         binds: &[i64],
     ) -> impl Future<Output = sqlx::Result<Option<i64>>> + Send;
+
+    /// Runs a query with `i64` binds; the first column of every row.
+    fn fetch_all_i64(
+        conn: &mut Self::Connection,
+        sql: &str,
+        binds: &[i64],
+    ) -> impl Future<Output = sqlx::Result<Vec<i64>>> + Send;
 }
 
 macro_rules! stock_db {
@@ -230,18 +246,31 @@ macro_rules! stock_db {
                 }
                 query.fetch_optional(conn).await
             }
+
+            async fn fetch_all_i64(
+                conn: &mut Self::Connection,
+                sql: &str,
+                binds: &[i64],
+            ) -> sqlx::Result<Vec<i64>> {
+                let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()));
+                for value in binds {
+                    query = query.bind(*value);
+                }
+                query.fetch_all(conn).await
+            }
         }
     };
 }
 stock_db!(sqlx::Postgres, true, |t, l| vec![
-    format!("DROP TABLE IF EXISTS {t}, {l}, {l}_history, {l}_ticket"),
+    format!("DROP TABLE IF EXISTS {t}, {t}_segment, {l}, {l}_history, {l}_ticket"),
     format!("DROP SEQUENCE IF EXISTS {l}_fencing_seq, {l}_ticket_seq"),
 ]);
 stock_db!(sqlx::MySql, false, |t, l| vec![format!(
-    "DROP TABLE IF EXISTS {t}, {l}, {l}_history, {l}_fencing, {l}_ticket"
+    "DROP TABLE IF EXISTS {t}, {t}_segment, {l}, {l}_history, {l}_fencing, {l}_ticket, {l}_migrating"
 )]);
 stock_db!(sqlx::Sqlite, false, |t, l| vec![
     format!("DROP TABLE IF EXISTS {t}"),
+    format!("DROP TABLE IF EXISTS {t}_segment"),
     format!("DROP TABLE IF EXISTS {l}"),
     format!("DROP TABLE IF EXISTS {l}_history"),
     format!("DROP TABLE IF EXISTS {l}_fencing"),
@@ -258,6 +287,8 @@ pub struct Shop<DB: StockDb> {
     read: String,
     write: String,
     atomic: String,
+    /// The segmented strategy's table, `<table>_segment`, and its statements.
+    segments: segmented::Segments,
 }
 
 /// Short sleeps between lease and version attempts: one hot row, many contenders.
@@ -267,7 +298,8 @@ pub const RETRY: RetryPolicy = RetryPolicy {
 };
 /// Far longer than one order takes.
 const LEASE: Duration = Duration::from_secs(10);
-/// How long a lock-table order waits for its product before giving up.
+/// How long a lock-table order waits for its product (a segmented one, for a segment)
+/// before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(60);
 
 // dblock's helpers take keys and values of any type the database can bind; code generic
@@ -276,8 +308,10 @@ impl<DB: StockDb> Shop<DB>
 where
     i64: SqlValue<DB>,
 {
-    /// Creates the product table `table` if needed, and migrates `locker`'s lock table
-    /// (the lock-table strategy's leases live there; same database as the products).
+    /// Creates the product table `table` and its segment table `<table>_segment` if
+    /// needed (with [`segmented::SEGMENTS`] segments a product; see
+    /// [`with_segments`](Self::with_segments)), and migrates `locker`'s lock table (the
+    /// lease strategies' leases live there; same database as the products).
     pub async fn open(locker: Locker<DB>, table: &str) -> Result<Self, Error> {
         locker.migrate().await?;
         let pool = locker.pool().clone();
@@ -291,7 +325,9 @@ where
             &[],
         )
         .await?;
+        let segments = segmented::Segments::create::<DB>(&mut conn, table).await?;
         Ok(Shop {
+            segments,
             rows: RowLocker::new(pool.clone(), table, "id")?,
             read: DB::sql(&format!("SELECT stock FROM {table} WHERE id = ?")),
             write: DB::sql(&format!("UPDATE {table} SET stock = ? WHERE id = ?")),
@@ -327,6 +363,9 @@ where
         for id in 1..=products as i64 {
             DB::execute(&mut conn, &insert, &[id, stock]).await?;
         }
+        self.segments
+            .restock::<DB>(&mut conn, products, stock)
+            .await?;
         Ok(())
     }
 
@@ -373,7 +412,11 @@ where
         let total = tally::Tally::sum(workload.products, tallies);
         let mut final_stock = Vec::new();
         for product in 1..=workload.products as i64 {
-            final_stock.push(self.stock(product).await?);
+            final_stock.push(match strategy {
+                // The segments are this strategy's stock; the product row is not touched.
+                Strategy::Segmented => self.segmented_stock(product).await?,
+                _ => self.stock(product).await?,
+            });
         }
         Ok(Report {
             strategy,
@@ -381,7 +424,8 @@ where
             accepted: total.accepted,
             rejected: total.rejected,
             gave_up: total.gave_up,
-            retries: (strategy == Strategy::Optimistic).then_some(total.retries),
+            retries: matches!(strategy, Strategy::Optimistic | Strategy::Segmented)
+                .then_some(total.retries),
             final_stock,
             failed_releases: self.failed_releases.load(Ordering::Relaxed),
             elapsed,
@@ -418,16 +462,10 @@ where
                     Ok::<_, Error>(sold)
                 }
                 .await;
-                // The sale was settled by its commit: a release that fails does not undo
-                // it. The guard's drop retries the release, and the lease ends anyway.
-                if let Err(err) = guard.release().await {
-                    if !matches!(err, Error::Database(_)) {
-                        return Err(err);
-                    }
-                    self.failed_releases.fetch_add(1, Ordering::Relaxed);
-                }
+                self.release(guard).await?;
                 sold?
             }
+            Strategy::Segmented => self.segmented(product, quantity).await?,
             Strategy::ForUpdate => {
                 let sold = self
                     .rows
@@ -467,6 +505,19 @@ where
             }
         };
         Ok(placed)
+    }
+
+    /// Releases a lease whose transaction has settled its order. The sale was settled by
+    /// its commit: a release that fails does not undo it. The guard's drop retries the
+    /// release, and the lease ends anyway, so a database error is only counted.
+    async fn release(&self, guard: LockGuard<DB>) -> Result<(), Error> {
+        match guard.release().await {
+            Err(Error::Database(_)) => {
+                self.failed_releases.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            settled => settled,
+        }
     }
 
     /// Reads the stock, checks it, writes the difference back: correct only when

@@ -99,6 +99,13 @@ pub trait Dialect: Database + ErrorCodes {
     fn write_gate(_options: &<Self::Connection as sqlx::Connection>::Options) -> Option<WriteGate> {
         None
     }
+
+    /// Whether rows keyed `a` and `b` draw their fencing tokens from one counter, so that
+    /// a token taken later for either is greater than every token taken earlier for the
+    /// other. One counter per table on PostgreSQL and SQLite; MySQL has 16.
+    fn shares_token_counter(_a: &str, _b: &str) -> bool {
+        true
+    }
 }
 
 /// The lock statements. Each takes one connection and the table's statements.
@@ -203,6 +210,19 @@ pub trait LockSql: Dialect {
 /// Fair mode's ticket statements.
 #[doc(hidden)]
 pub trait TicketSql: Dialect {
+    /// Whether this dialect's servers may number tickets out of arrival order, so that
+    /// [`TicketSql::tickets_out_of_order`] must ask the server (MySQL/MariaDB: Galera).
+    const TICKETS_MAY_BE_OUT_OF_ORDER: bool = false;
+
+    /// Why this database cannot keep tickets of one key in arrival order (fair mode is
+    /// refused then), or `None`. MariaDB Galera hands out `AUTO_INCREMENT` values in
+    /// per-node strides, so numbers from different nodes are not in arrival order.
+    fn tickets_out_of_order(
+        _conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<&'static str>, sqlx::Error>> + Send {
+        async { Ok(None) }
+    }
+
     /// Takes a ticket for `key`, a lease of `lease_micros` in the ticket table; its
     /// number. Tickets of one key commit in the order of their numbers.
     fn take_ticket(
@@ -356,6 +376,15 @@ pub trait ErrorCodes: Database {
 
     /// Whether the error means "a row (or SQLite's database) is locked by someone else".
     fn is_row_locked(err: &sqlx::Error) -> bool;
+
+    /// Whether the server rolled the caller's transaction back because another one
+    /// changed what it had read or locked: a deadlock victim, a serialization failure, a
+    /// Galera certification failure or brute-force abort. Such an answer in a
+    /// transaction fenced by [`assert_held`](crate::LockGuard::assert_held) may be a
+    /// takeover of the lock (see [`LockGuard::explain`](crate::LockGuard::explain)).
+    fn is_conflict_rollback(err: &sqlx::Error) -> bool {
+        Self::contention(err) == Contention::Deadlock
+    }
 }
 
 /// How a row lock treats rows another transaction has locked: the row-lock helper's

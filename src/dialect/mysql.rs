@@ -156,8 +156,36 @@ const NOTE_WAITER: &str = "\
 SELECT GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), expire_time)) FROM {table}
  WHERE lock_key = ?";
 
+// Migration runs are serialized twice. GET_LOCK orders the runs of one server (and goes
+// with its session if the process dies), but on a MariaDB Galera cluster it is the node's
+// own: runs on two nodes raced, failed with 1213 / 1062, and once left a node's DDL
+// waiting "to execute in isolation" for good (shared/docs/ha-facts.md, A5). So a run also
+// claims the one row of `<table>_migrating` with a plain INSERT, which Galera certifies
+// cluster-wide: a second node's INSERT fails (1062, or 1213 when both certify at once) and
+// that run waits until the row is gone. The claim has a lease by the database clock, so a
+// run that died without deleting it holds the others up for at most that long.
 const MIGRATION_LOCK: &str = "SELECT GET_LOCK(CONCAT('dblock-migrate:', ?), 600)";
 const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(CONCAT('dblock-migrate:', ?))";
+const MIGRATION_CLAIM_TABLE: &str = "\
+CREATE TABLE IF NOT EXISTS {table}_migrating (
+    id          TINYINT     NOT NULL PRIMARY KEY,
+    owner       VARCHAR(64) NOT NULL,
+    expire_time DATETIME(6) NOT NULL
+) ENGINE = InnoDB";
+const MIGRATION_CLAIM_OWNER: &str = "SET @dblock_migration_owner = UUID()";
+const MIGRATION_CLAIM_EXPIRED: &str = "DELETE FROM {table}_migrating WHERE expire_time < NOW(6)";
+const MIGRATION_CLAIM: &str = "\
+INSERT INTO {table}_migrating (id, owner, expire_time)
+VALUES (1, @dblock_migration_owner, NOW(6) + INTERVAL ? SECOND)";
+const MIGRATION_UNCLAIM: &str =
+    "DELETE FROM {table}_migrating WHERE owner = @dblock_migration_owner";
+/// How long a claim outlives a run that died without deleting it (our migrations are a
+/// few small DDL statements: seconds even through Galera's total-order DDL).
+const MIGRATION_CLAIM_SECS: i64 = 60;
+/// How long a run waits for another's claim before it gives up, as GET_LOCK does.
+const MIGRATION_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+/// Pause between two attempts at a held claim.
+const MIGRATION_POLL: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// ER_NO_SUCH_TABLE: the lock table was not migrated.
 const ER_NO_SUCH_TABLE: u16 = 1146;
@@ -167,6 +195,13 @@ const ER_BAD_FIELD_ERROR: u16 = 1054;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_LOCK_NOWAIT: u16 = 3572;
+/// ER_UNKNOWN_SYSTEM_VARIABLE: `@@wsrep_on` on MySQL, which has no Galera.
+const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+/// ER_CHECKREAD, "Record has changed since last read": MariaDB 11.6+ (where
+/// `innodb_snapshot_isolation` is on by default) refuses a locking read or write in a
+/// REPEATABLE READ transaction of a row changed since its snapshot, and rolls the whole
+/// transaction back as it does a deadlock victim (MDEV-35235).
+const ER_CHECKREAD: u16 = 1020;
 
 fn error_number(err: &sqlx::Error) -> Option<u16> {
     match err {
@@ -198,6 +233,18 @@ impl Dialect for MySql {
     fn statements(table: &str) -> Statements {
         build_statements(table)
     }
+
+    fn shares_token_counter(a: &str, b: &str) -> bool {
+        token_counter(a) == token_counter(b)
+    }
+}
+
+/// The fencing counter (`bucket`) a row keyed `key` draws its token from: the migration's
+/// trigger takes `CRC32(lock_key) % 16`, MySQL's CRC32 being the common CRC-32 (ISO-HDLC,
+/// as zlib's) of the key's bytes.
+fn token_counter(key: &str) -> u32 {
+    const CRC32: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    CRC32.checksum(key.as_bytes()) % 16
 }
 
 impl LockSql for MySql {
@@ -415,9 +462,42 @@ impl LockSql for MySql {
     }
 
     common_lock_statements!();
+
+    async fn check_fence(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        lock: LockId<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let fence = sqlx::query(audited(&sql.check_fence))
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token);
+        Ok(fence.execute(conn).await?.rows_affected() == 1)
+    }
 }
 
 impl TicketSql for MySql {
+    const TICKETS_MAY_BE_OUT_OF_ORDER: bool = true;
+
+    async fn tickets_out_of_order(
+        conn: &mut MySqlConnection,
+    ) -> Result<Option<&'static str>, sqlx::Error> {
+        // MySQL has no such variable (1193, unknown system variable): not Galera.
+        let wsrep: Result<Option<i64>, _> = sqlx::query_scalar("SELECT @@wsrep_on + 0")
+            .fetch_one(conn)
+            .await;
+        match wsrep {
+            Ok(Some(on)) if on != 0 => Ok(Some(
+                "fair mode numbers its tickets with AUTO_INCREMENT, which a MariaDB Galera \
+                 cluster (wsrep_on) hands out in per-node strides, so tickets from different \
+                 nodes are not in arrival order; use the default FIFO mode (fair(false))",
+            )),
+            Ok(_) => Ok(None),
+            Err(err) if error_number(&err) == Some(ER_UNKNOWN_SYSTEM_VARIABLE) => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
     async fn take_ticket(
         conn: &mut MySqlConnection,
         sql: &Statements,
@@ -461,6 +541,44 @@ impl NotifySql for MySql {
     note_waiter!();
 }
 
+/// Takes the cluster-wide migration claim of `table` on this connection (see
+/// `MIGRATION_CLAIM`), waiting while another run holds it.
+async fn claim_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
+    let spliced = |template: &str| sqlx::AssertSqlSafe(template.replace("{table}", table));
+    sqlx::raw_sql(spliced(MIGRATION_CLAIM_TABLE))
+        .execute(&mut *conn)
+        .await?;
+    sqlx::raw_sql(spliced(MIGRATION_CLAIM_OWNER))
+        .execute(&mut *conn)
+        .await?;
+    let until = tokio::time::Instant::now() + MIGRATION_WAIT;
+    loop {
+        sqlx::raw_sql(spliced(MIGRATION_CLAIM_EXPIRED))
+            .execute(&mut *conn)
+            .await?;
+        let claimed = sqlx::query(spliced(MIGRATION_CLAIM))
+            .bind(MIGRATION_CLAIM_SECS)
+            .execute(&mut *conn)
+            .await;
+        match claimed {
+            Ok(_) => return Ok(()),
+            // Another run holds the claim (1062), or claimed it on another node in the
+            // same instant (Galera's certification failure, 1213): wait for it.
+            Err(err) if MySql::contention(&err) != Contention::Failure => {
+                if tokio::time::Instant::now() >= until {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "another process has been migrating {table} for {}s (its claim is \
+                         the row of {table}_migrating)",
+                        MIGRATION_WAIT.as_secs()
+                    )));
+                }
+                tokio::time::sleep(MIGRATION_POLL).await;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 impl MigrateSql for MySql {
     const MIGRATIONS: &'static [(&'static str, &'static str)] =
         migration_scripts!("mysql"; "V1__distributed_lock.sql", "V2__tickets.sql");
@@ -468,14 +586,14 @@ impl MigrateSql for MySql {
     async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
         let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
             .bind(table)
-            .fetch_one(conn)
+            .fetch_one(&mut *conn)
             .await?;
         if got != Some(1) {
             return Err(sqlx::Error::Protocol(format!(
                 "GET_LOCK for migrating {table} returned {got:?}"
             )));
         }
-        Ok(())
+        claim_migrations(conn, table).await
     }
 
     async fn unlock_migrations(
@@ -483,6 +601,10 @@ impl MigrateSql for MySql {
         table: &str,
         _commit: bool,
     ) -> Result<(), sqlx::Error> {
+        let unclaim = MIGRATION_UNCLAIM.replace("{table}", table);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(unclaim))
+            .execute(&mut *conn)
+            .await?;
         sqlx::query(MIGRATION_UNLOCK)
             .bind(table)
             .execute(conn)
@@ -499,7 +621,7 @@ impl ErrorCodes for MySql {
         // check and then asks for an exclusive one; a release or renewal queued in between
         // makes InnoDB roll back one of them: the statement changed nothing.
         match error_number(err) {
-            Some(ER_LOCK_DEADLOCK) => Contention::Deadlock,
+            Some(ER_LOCK_DEADLOCK | ER_CHECKREAD) => Contention::Deadlock,
             Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT) => Contention::LostRace,
             _ if is_unique_violation(err) => Contention::LostRace,
             _ => Contention::Failure,
@@ -557,7 +679,28 @@ impl TxSql for MySql {
 // A locking read sees the latest committed row, whatever the transaction's snapshot; the
 // shared lock holds off takeover, release and renewal until the caller's transaction ends.
 // LOCK IN SHARE MODE rather than FOR SHARE: MariaDB does not know the latter.
+// A write, not a locking read: on a MariaDB Galera cluster a row lock is the node's own,
+// and only a written row takes part in certification. A fenced transaction that only read
+// the lock row committed on node 1 after a rival's takeover had committed on node 2
+// (fault scenario 10g: 10 of 40 under load); writing the row makes Galera refuse one of
+// the two. The change is the smallest real one (a lease one microsecond longer): an
+// UPDATE that sets a column to its own value writes no row event, so nothing to certify.
+// On one server it locks the row as the read did, until the transaction ends.
 const CHECK_FENCE: &str = "\
-SELECT fencing_token FROM {table}
- WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)
-  LOCK IN SHARE MODE";
+UPDATE {table} SET expire_time = expire_time + INTERVAL 1 MICROSECOND
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_counters_are_mysqls_crc32() {
+        // CRC-32's check value, and what MariaDB says:
+        // `SELECT CRC32('catalog~write-grant') % 16` is 14.
+        let crc32 = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+        assert_eq!(crc32.checksum(b"123456789"), 0xCBF4_3926);
+        assert_eq!(token_counter("catalog~write-grant"), 14);
+        assert!(MySql::shares_token_counter("a", "a"));
+    }
+}

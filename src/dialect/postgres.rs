@@ -256,6 +256,7 @@ impl LockSql for Postgres {
 
     returning_lock_statements!();
     common_lock_statements!();
+    fence_read_back!();
 }
 
 impl TicketSql for Postgres {
@@ -312,6 +313,11 @@ impl ErrorCodes for Postgres {
             Some("23505" | "40001" | "55P03") => Contention::LostRace,
             _ => Contention::Failure,
         }
+    }
+
+    fn is_conflict_rollback(err: &sqlx::Error) -> bool {
+        // deadlock victim, serialization failure (REPEATABLE READ and SERIALIZABLE)
+        matches!(db_code(err).as_deref(), Some("40P01" | "40001"))
     }
 
     fn is_pooler_mixup(err: &sqlx::Error) -> bool {

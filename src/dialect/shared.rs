@@ -126,7 +126,17 @@ macro_rules! common_lock_statements {
             let reap = sqlx::query(super::audited(&sql.reap)).bind(batch);
             Ok(reap.execute(conn).await?.rows_affected())
         }
+    };
+}
 
+/// The fence check of the databases whose check returns the row it found (PostgreSQL's
+/// `SELECT .. FOR SHARE`, SQLite's `UPDATE .. RETURNING`).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlite")),
+    allow(unused_macros)
+)]
+macro_rules! fence_read_back {
+    () => {
         async fn check_fence(
             conn: &mut <Self as sqlx::Database>::Connection,
             sql: &Self::Statements,

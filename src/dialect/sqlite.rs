@@ -247,6 +247,7 @@ impl LockSql for Sqlite {
 
     returning_lock_statements!();
     common_lock_statements!();
+    fence_read_back!();
 }
 
 impl TicketSql for Sqlite {

@@ -17,6 +17,67 @@ use super::{Arg, TestBackend, Unavailable, servers};
 /// `exec` and `fetch_i64`, identical for every sqlx database type.
 macro_rules! run_statements {
     () => {
+        fn fenced_add<'a>(
+            pool: &'a Pool<Self>,
+            guard: &'a dblock::LockGuard<Self>,
+            counter: &'a str,
+            delta: i64,
+        ) -> impl Future<Output = Result<i64, dblock::Error>> + Send + 'a {
+            async move {
+                let mut tx = pool.begin().await?;
+                guard.assert_held(&mut tx).await?;
+                let add = format!("UPDATE {counter} SET v = v + {delta} WHERE id = 1");
+                sqlx::query(sqlx::AssertSqlSafe(add))
+                    .execute(&mut *tx)
+                    .await?;
+                let read = format!("SELECT v FROM {counter} WHERE id = 1");
+                let now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(now)
+            }
+        }
+
+        fn fenced_add_after<'a>(
+            pool: &'a Pool<Self>,
+            guard: &'a dblock::LockGuard<Self>,
+            counter: &'a str,
+            meanwhile: std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
+        ) -> impl Future<Output = Result<(), (&'static str, dblock::Error)>> + Send + 'a {
+            async move {
+                let db = |err: sqlx::Error| ("setup", dblock::Error::from(err));
+                let mut conn = pool.acquire().await.map_err(db)?;
+                // A session setting must not go back to the pool with the connection.
+                conn.close_on_drop();
+                let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db)?;
+                if let Some(strict) = Self::STRICT_SNAPSHOT {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(strict))
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db)?;
+                }
+                let read = format!("SELECT v FROM {counter} WHERE id = 1");
+                let _: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(read))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                guard
+                    .assert_held(&mut tx)
+                    .await
+                    .map_err(|err| ("check", err))?;
+                meanwhile.await;
+                let add = format!("UPDATE {counter} SET v = v + 1 WHERE id = 1");
+                if let Err(err) = sqlx::query(sqlx::AssertSqlSafe(add))
+                    .execute(&mut *tx)
+                    .await
+                {
+                    return Err(("write", guard.explain(err).await));
+                }
+                guard.commit(tx).await.map_err(|err| ("commit", err))
+            }
+        }
+
         fn exec(
             pool: &Pool<Self>,
             sql: String,
@@ -66,6 +127,8 @@ async fn connect_server<DB: sqlx::Database>(options: PoolOptions<DB>, url: &str)
 
 impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
+    const STRICT_SNAPSHOT: Option<&'static str> =
+        Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
     const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "now()";
     const HEARS_RELEASES: bool = true;
@@ -126,6 +189,9 @@ impl TestBackend for Postgres {
 
 impl TestBackend for MySql {
     const LABEL: &'static str = "mysql";
+    // MariaDB 10.6.18+ (on by default from 11.6); MySQL 8 has no such setting.
+    const STRICT_SNAPSHOT: Option<&'static str> =
+        Some("SET SESSION innodb_snapshot_isolation = ON");
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "NOW()";
     const HEARS_RELEASES: bool = false;
@@ -149,7 +215,9 @@ impl TestBackend for MySql {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET SESSION lock_wait_timeout = 10".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter, {t}_ticket"),
+            format!(
+                "DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter, {t}_ticket, {t}_migrating"
+            ),
         ]
     }
 
@@ -164,6 +232,7 @@ impl TestBackend for MySql {
 
 impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
+    const STRICT_SNAPSHOT: Option<&'static str> = None;
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "datetime('now')";
     const HEARS_RELEASES: bool = false;

@@ -68,6 +68,35 @@ pub trait TestBackend: Backend {
     /// listener may be opened there (see [`TestDb::hears_releases`]).
     fn sessions_of_their_own(location: &str) -> impl Future<Output = bool> + Send;
 
+    /// In one transaction: checks that `guard` still holds its lock
+    /// ([`LockGuard::assert_held`](dblock::LockGuard::assert_held)), adds `delta` to the
+    /// one-row counter table `counter` (see [`TestDb::counter_create`]) and reads it back;
+    /// the new value.
+    fn fenced_add<'a>(
+        pool: &'a Pool<Self>,
+        guard: &'a dblock::LockGuard<Self>,
+        counter: &'a str,
+        delta: i64,
+    ) -> impl Future<Output = Result<i64, dblock::Error>> + Send + 'a;
+
+    /// A statement that, run first in a transaction, makes a write to a row that another
+    /// transaction changed since this one's snapshot fail as a conflict rollback
+    /// (PostgreSQL: REPEATABLE READ, 40001; MariaDB: `innodb_snapshot_isolation`, 1020).
+    /// `None` where no such conflict exists (SQLite: one writer at a time).
+    const STRICT_SNAPSHOT: Option<&'static str>;
+
+    /// On a connection of its own, in one transaction: runs [`Self::STRICT_SNAPSHOT`],
+    /// reads the counter (the snapshot), checks `guard` with `assert_held`, awaits
+    /// `meanwhile`, adds 1 to the counter and ends with `guard.commit`. The first error
+    /// with the step that gave it (`"check"`, `"write"`, `"commit"`), a write error read
+    /// by `guard.explain`.
+    fn fenced_add_after<'a>(
+        pool: &'a Pool<Self>,
+        guard: &'a dblock::LockGuard<Self>,
+        counter: &'a str,
+        meanwhile: std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
+    ) -> impl Future<Output = Result<(), (&'static str, dblock::Error)>> + Send + 'a;
+
     /// Runs one statement; the number of rows it affected.
     fn exec(
         pool: &Pool<Self>,
@@ -319,7 +348,7 @@ impl<DB: TestBackend> Plain<DB> {
         n.expect("count rows").expect("COUNT returns a row")
     }
 
-    fn counter_table(&self) -> String {
+    pub fn counter_table(&self) -> String {
         format!("{}_counter", self.table)
     }
 

@@ -5,6 +5,7 @@ mod admin;
 mod adversary;
 mod engine;
 mod fair;
+mod fencing;
 mod first_hour;
 mod inputs;
 mod interop;
@@ -13,6 +14,7 @@ mod lease;
 pub mod lease_env;
 mod migrate;
 mod ownership;
+mod primitives;
 mod queue;
 mod racing;
 mod waiting;
@@ -24,6 +26,7 @@ pub use admin::*;
 pub use adversary::*;
 pub use engine::*;
 pub use fair::*;
+pub use fencing::*;
 pub use first_hour::*;
 pub use inputs::*;
 pub use interop::*;
@@ -31,6 +34,7 @@ pub use jobs::*;
 pub use lease::*;
 pub use migrate::*;
 pub use ownership::*;
+pub use primitives::*;
 pub use queue::*;
 pub use racing::*;
 pub use waiting::*;
@@ -101,6 +105,14 @@ macro_rules! conformance_suite {
             ten_thousand_guards_on_a_pool_of_two,
             table_of_another_shape_is_a_typed_error,
             reaper_purges_expired_tickets,
+            semaphore_admits_exactly_its_permits,
+            rw_lock_excludes_and_does_not_starve_writers,
+            election_has_one_leader_at_a_time,
+            election_run_stops_the_work_on_loss_and_campaigns_again,
+            multi_key_locks_are_all_or_nothing,
+            cancelled_primitives_leave_no_rows,
+            primitives_hear_releases_elsewhere,
+            fenced_writes_tell_a_lost_lock_from_a_conflict,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

@@ -7,8 +7,9 @@
 //! | stdout | meaning |
 //! |---|---|
 //! | `CLOCK <µs>` | its own wall clock at start (to prove a skew took effect) |
-//! | `ACQUIRED <token> <owner> <expires µs>` | it holds the lock (expiry by the database clock) |
+//! | `ACQUIRED <token> <owner> <expires µs> <wake-ups>` | it holds the lock (expiry by the database clock; releases elsewhere its listener heard) |
 //! | `BUSY` / `TIMEOUT` | `try_acquire` lost / `acquire` waited in vain |
+//! | `LISTENING` | a candidate's Locker hears releases elsewhere (PostgreSQL) |
 //! | `RENEWED <expires µs>` | its watchdog moved the expiry |
 //! | `LOST <reason>` | `lost()` fired |
 //! | `WRITE applied` / `WRITE refused` | answer to `write <value>`: the fenced write |
@@ -21,7 +22,7 @@ use std::collections::VecDeque;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dblock::{Error, Locker, MySql, Postgres, Sqlite};
+use dblock::{Error, LockGuard, Locker, MySql, Postgres, Sqlite};
 use sqlx::pool::PoolOptions;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -314,29 +315,30 @@ async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {
         return run_job(&Locker::new(pool), key, lease, min_hold.parse()?).await;
     }
     let locker = Locker::new(pool.clone()).auto_renew(renew == "renew");
-    let guard = if wait.is_zero() {
-        match locker.try_acquire(key, lease).await? {
-            Some(guard) => guard,
-            None => {
-                println!("BUSY");
-                return Ok(());
+    if key.starts_with("election/") {
+        // Says when releases elsewhere can be heard (PostgreSQL's listener is up), so a
+        // scenario does not release before the candidate listens; silent elsewhere.
+        let watched = locker.clone();
+        tokio::spawn(async move {
+            let until = tokio::time::Instant::now() + wait;
+            while tokio::time::Instant::now() < until {
+                if watched.listening() {
+                    println!("LISTENING");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-        }
-    } else {
-        match locker.acquire(key, lease, wait).await {
-            Ok(guard) => guard,
-            Err(Error::Timeout { .. }) => {
-                println!("TIMEOUT");
-                return Ok(());
-            }
-            Err(err) => return Err(err.into()),
-        }
+        });
+    }
+    let Some(guard) = take(&locker, key, lease, wait).await? else {
+        return Ok(());
     };
     println!(
-        "ACQUIRED {} {} {}",
+        "ACQUIRED {} {} {} {}",
         guard.fencing_token(),
         guard.owner(),
-        guard.expires_at().timestamp_micros()
+        guard.expires_at().timestamp_micros(),
+        locker.stats().wakeups
     );
 
     let mut commands = BufReader::new(tokio::io::stdin()).lines();
@@ -376,6 +378,60 @@ async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {
                 }
             }
         }
+    }
+}
+
+/// Takes what `key` names: `semaphore/<permits>/<name>` a permit, `election/<identity>/<name>`
+/// the lead (campaigning up to `wait`), anything else the mutex on `key`; one attempt when
+/// `wait` is zero. `None` after printing `BUSY` or `TIMEOUT`.
+async fn take<DB: FaultDb>(
+    locker: &Locker<DB>,
+    key: &str,
+    lease: Duration,
+    wait: Duration,
+) -> Res<Option<LockGuard<DB>>> {
+    let outcome = match key.split('/').collect::<Vec<_>>()[..] {
+        ["semaphore", permits, name] => {
+            let semaphore = locker.semaphore(name, permits.parse()?);
+            if wait.is_zero() {
+                semaphore
+                    .try_acquire(lease)
+                    .await
+                    .map(|p| p.map(|p| p.into_guard()))
+            } else {
+                semaphore
+                    .acquire(lease, wait)
+                    .await
+                    .map(|p| Some(p.into_guard()))
+            }
+        }
+        ["election", identity, name] => {
+            let election = locker.election(name);
+            match tokio::time::timeout(wait, election.campaign(identity, lease)).await {
+                Ok(lead) => lead.map(|lead| Some(lead.into_guard())),
+                Err(_) => Err(Error::Timeout {
+                    key: key.to_owned(),
+                    waited: wait,
+                    attempts: 0,
+                    held_by: None,
+                    held_until: None,
+                }),
+            }
+        }
+        _ if wait.is_zero() => locker.try_acquire(key, lease).await,
+        _ => locker.acquire(key, lease, wait).await.map(Some),
+    };
+    match outcome {
+        Ok(Some(guard)) => Ok(Some(guard)),
+        Ok(None) => {
+            println!("BUSY");
+            Ok(None)
+        }
+        Err(Error::Timeout { .. }) => {
+            println!("TIMEOUT");
+            Ok(None)
+        }
+        Err(err) => Err(err.into()),
     }
 }
 

@@ -15,11 +15,11 @@ use tokio::time::{Instant, sleep};
 use crate::Res;
 
 pub const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
-const MARIADBD: &str = "/usr/sbin/mariadbd";
-const MARIADB_INSTALL_DB: &str = "/usr/bin/mariadb-install-db";
+pub const MARIADBD: &str = "/usr/sbin/mariadbd";
+pub const MARIADB_INSTALL_DB: &str = "/usr/bin/mariadb-install-db";
 
 /// How long a server may take to start or stop on a busy two-core machine.
-const STARTUP: Duration = Duration::from_secs(60);
+pub const STARTUP: Duration = Duration::from_secs(60);
 
 /// Which server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,18 +394,31 @@ impl Drop for Server {
 
 /// A port nobody listens on right now (there is a small race with other programs
 /// binding it before the server does; the start then fails loudly).
-fn free_port() -> Res<u16> {
+pub fn free_port() -> Res<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn is_root() -> bool {
+/// `n` distinct ports nobody listens on right now: all bound at once, so that none is
+/// handed out twice (one at a time, the kernel gave the same port to a PostgreSQL and a
+/// REST API once). Another program may still take one before its server binds it.
+pub fn free_ports(n: usize) -> Res<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<Result<_, _>>()?)
+}
+
+pub fn is_root() -> bool {
     nix::unistd::getuid().is_root()
 }
 
 /// `program` started through `setpriv --pdeathsig KILL`, which then execs it in place (same
 /// pid): if the suite itself is killed, the server goes with it, and PostgreSQL's backends
 /// follow their postmaster. setpriv sets it after the uid change, which would clear it.
-fn dies_with_us(program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub fn dies_with_us(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new("setpriv");
     cmd.args(["--pdeathsig", "KILL", "--"]).arg(program);
     cmd
@@ -419,7 +432,7 @@ pub fn signal(pid: i32, sig: Signal) {
 
 /// Whether any live (not zombie) process is still in the group: orphaned backends are
 /// reaped by whatever runs as PID 1, which may take its time.
-fn group_alive(pgid: i32) -> bool {
+pub fn group_alive(pgid: i32) -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return false;
     };
@@ -437,7 +450,7 @@ fn group_alive(pgid: i32) -> bool {
 }
 
 /// uid and gid of an OS user, from /etc/passwd.
-fn os_user(name: &str) -> Res<(u32, u32)> {
+pub fn os_user(name: &str) -> Res<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd")?;
     passwd
         .lines()

@@ -446,7 +446,7 @@ impl NemesisDb for MySql {
             .execute(&mut *conn)
             .await?;
         let sql = format!(
-            "DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_ticket, {}, {}",
+            "DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_ticket, {t}_migrating, {}, {}",
             names.counter, names.history
         );
         sqlx::query(AssertSqlSafe(sql)).execute(&mut *conn).await?;

@@ -28,6 +28,8 @@ pub(crate) fn short_duration(d: Duration) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Row<'a> {
     pub(crate) key: &'a str,
+    /// [`LockInfo::kind`].
+    pub(crate) kind: &'static str,
     pub(crate) owner: &'a str,
     pub(crate) fencing_token: i64,
     pub(crate) acquired_at: DateTime<Utc>,
@@ -45,6 +47,7 @@ impl<'a> From<&'a LockInfo> for Row<'a> {
     fn from(info: &'a LockInfo) -> Self {
         Row {
             key: &info.key,
+            kind: info.kind(),
             owner: &info.owner,
             fencing_token: info.fencing_token,
             acquired_at: info.acquired_at,
@@ -101,8 +104,8 @@ fn printable(text: &str) -> Cow<'_, str> {
 
 /// The header and one line per row, columns aligned; an empty list is the header alone.
 pub(crate) fn table(rows: &[Row<'_>]) -> String {
-    const HEADER: [&str; 5] = ["KEY", "OWNER", "TOKEN", "HELD", "EXPIRES"];
-    let cells: Vec<[String; 5]> = rows
+    const HEADER: [&str; 6] = ["KEY", "OWNER", "TOKEN", "HELD", "EXPIRES", "KIND"];
+    let cells: Vec<[String; 6]> = rows
         .iter()
         .map(|row| {
             [
@@ -111,6 +114,7 @@ pub(crate) fn table(rows: &[Row<'_>]) -> String {
                 row.fencing_token.to_string(),
                 row.held(),
                 row.expires(),
+                row.kind.to_owned(),
             ]
         })
         .collect();
@@ -155,6 +159,7 @@ pub(crate) fn fields(row: &Row<'_>) -> String {
             format!("{} ({})", rfc3339(row.expires_at), row.expires()),
         ),
         ("expired", row.expired.to_string()),
+        ("kind", row.kind.to_owned()),
     ];
     let mut out = String::new();
     for (name, value) in lines {
@@ -180,6 +185,7 @@ pub(crate) fn json(row: &Row<'_>) -> String {
         "held_ms": millis(row.held_for),
         "expires_in_ms": millis(row.expires_in),
         "read_at": rfc3339(row.read_at),
+        "kind": row.kind,
     })
     .to_string()
 }
@@ -231,6 +237,7 @@ mod tests {
         let expires_at = read_at + chrono::Duration::seconds(expires_secs);
         Row {
             key,
+            kind: "mutex",
             owner: "node-1:abc",
             fencing_token: token,
             acquired_at: read_at - chrono::Duration::seconds(held_secs),
@@ -250,21 +257,21 @@ mod tests {
         assert_eq!(lines.len(), 3, "{text}");
         assert_eq!(
             lines[0],
-            "KEY          OWNER       TOKEN  HELD      EXPIRES"
+            "KEY          OWNER       TOKEN  HELD      EXPIRES          KIND"
         );
         assert_eq!(
             lines[1],
-            "job:nightly  node-1:abc      7  held 3 h  expires in 12 s"
+            "job:nightly  node-1:abc      7  held 3 h  expires in 12 s  mutex"
         );
         assert_eq!(
             lines[2],
-            "k            node-1:abc   1234  held 2 s  expired 5 s ago"
+            "k            node-1:abc   1234  held 2 s  expired 5 s ago  mutex"
         );
     }
 
     #[test]
     fn an_empty_table_is_its_header() {
-        assert_eq!(table(&[]), "KEY  OWNER  TOKEN  HELD  EXPIRES\n");
+        assert_eq!(table(&[]), "KEY  OWNER  TOKEN  HELD  EXPIRES  KIND\n");
     }
 
     #[test]
@@ -286,7 +293,8 @@ mod tests {
              fencing_token: 7\n\
              acquired_at:   2026-12-01T07:00:00.500000Z (held 3 h)\n\
              expires_at:    2026-12-01T09:59:55.500000Z (expired 5 s ago)\n\
-             expired:       true\n"
+             expired:       true\n\
+             kind:          mutex\n"
         );
     }
 
@@ -307,6 +315,7 @@ mod tests {
                 "held_ms": 90_000,
                 "expires_in_ms": 12_000,
                 "read_at": "2026-12-01T10:00:00.500000Z",
+                "kind": "mutex",
             })
         );
     }

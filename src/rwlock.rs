@@ -1,0 +1,458 @@
+//! [`RwLock`]: any number of readers or one writer, across processes, writers first.
+//!
+//! Rows (all leases, renewed and fenced as the mutex's): `<name>~write`, the writer's,
+//! taken by a writer before it waits for the readers (so that no new reader gets in:
+//! writers are not starved); `<name>~read-<16 hex>`, one per reader; `<name>~write-grant`,
+//! taken by the writer once no reader is left, whose fencing token is the write guard's.
+//!
+//! Why it is safe without a transaction over several rows: a reader writes its row, then
+//! reads the writer's; a writer writes its row, then reads the readers'. Each step is a
+//! statement committed before the next one starts, so of a reader and a writer that
+//! overlap at least one sees the other's row (if the reader's read missed the writer's
+//! row, that row was committed after the read began, hence after the reader's row was,
+//! and the writer's later read finds it) and steps back.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep};
+
+use crate::acquire;
+use crate::config::{validate_lease, validate_wait};
+use crate::dialect::Backend;
+use crate::error::{Error, LostReason, Result};
+use crate::guard::LockGuard;
+use crate::lease::Lease;
+use crate::locker::Locker;
+use crate::metrics::{self, Kind};
+use crate::primitive::{group_key, member_key, validate_name};
+use crate::retry::Backoff;
+
+/// The longest suffix of the lock's rows: `read-` and 16 hex digits.
+const LONGEST_SUFFIX: usize = "read-0123456789abcdef".len();
+
+/// Most live readers a writer reads at once to know whether any is left.
+const READERS_READ: u32 = 1;
+
+/// A read-write lock across processes: Redisson's `RReadWriteLock`, Curator's
+/// `InterProcessReadWriteLock`, DistributedLock's `DistributedReaderWriterLock`. Made by
+/// [`Locker::rw_lock`]; cheap, it touches no database.
+///
+/// Any number of readers hold it at once, or one writer, never both. Writers go first:
+/// once a writer waits, new readers wait behind it (as with tokio's `RwLock` and
+/// Curator's), so a stream of readers cannot starve a writer. A
+/// [`WriteGuard`]'s fencing token is greater than the token of every read or write
+/// granted before it, so a resource can refuse a stale writer. Every guard is a lease
+/// renewed with the Locker's other leases, with `lost()` and drop behaviour as a
+/// [`LockGuard`]'s.
+///
+/// Waiters queue in this Locker (readers in arrival order; a release through this Locker
+/// lets them try at once); releases elsewhere are found by paced attempts
+/// ([`RetryPolicy`](crate::RetryPolicy), at most its `max` apart).
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+///
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let config = locker.rw_lock("pricing-config");
+/// let (lease, wait) = (Duration::from_secs(30), Duration::from_secs(5));
+/// let reader_a = config.read(lease, wait).await?;
+/// let reader_b = config.try_read(lease).await?.expect("readers share");
+/// assert!(config.try_write(lease).await?.is_none()); // not while anyone reads
+/// reader_a.release().await?;
+/// reader_b.release().await?;
+///
+/// let writer = config.write(lease, wait).await?;
+/// assert!(config.try_read(lease).await?.is_none()); // nor reads while it writes
+/// assert!(writer.fencing_token() > 0);
+/// writer.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct RwLock<DB: Backend> {
+    locker: Locker<DB>,
+    name: String,
+}
+
+impl<DB: Backend> Clone for RwLock<DB> {
+    fn clone(&self) -> Self {
+        RwLock {
+            locker: self.locker.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for RwLock<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RwLock")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A held read of an [`RwLock`]: a [`LockGuard`] on the reader's row (it derefs to one).
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # use std::time::Duration;
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let read = locker.rw_lock("catalog").try_read(Duration::from_secs(10)).await?.unwrap();
+/// assert!(read.key().starts_with("catalog~read-"));
+/// read.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "the read is released as soon as it is dropped; keep it and call release().await"]
+#[derive(Debug)]
+pub struct ReadGuard<DB: Backend> {
+    guard: LockGuard<DB>,
+}
+
+impl<DB: Backend> Deref for ReadGuard<DB> {
+    type Target = LockGuard<DB>;
+
+    fn deref(&self) -> &LockGuard<DB> {
+        &self.guard
+    }
+}
+
+impl<DB: Backend> ReadGuard<DB> {
+    /// Ends the read: as [`LockGuard::release`].
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::release`].
+    pub async fn release(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
+
+/// A held write of an [`RwLock`]: two rows, the writer's (which keeps new readers out)
+/// and the grant (taken once no reader was left, whose fencing token is the write's).
+/// Dropped, both are released in the background as a guard's row is.
+///
+/// # Examples
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # use std::time::Duration;
+/// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// # let locker = dblock::Locker::new(pool);
+/// # locker.migrate().await?;
+/// let catalog = locker.rw_lock("catalog");
+/// let write = catalog.try_write(Duration::from_secs(10)).await?.unwrap();
+/// let token = write.fencing_token(); // pass it with the writes it protects
+/// write.release().await?;
+/// let next = catalog.try_write(Duration::from_secs(10)).await?.unwrap();
+/// assert!(next.fencing_token() > token);
+/// # next.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "the write is released as soon as it is dropped; keep it and call release().await"]
+#[derive(Debug)]
+pub struct WriteGuard<DB: Backend> {
+    grant: LockGuard<DB>,
+    writer: LockGuard<DB>,
+}
+
+impl<DB: Backend> WriteGuard<DB> {
+    /// The write's fencing token: greater than every earlier write's and read's, so a
+    /// resource that keeps the highest token it saw refuses a stale writer. (On
+    /// MySQL/MariaDB, which draw tokens from 16 counters by key, the readers' keys are
+    /// picked on the write grant's counter.)
+    pub fn fencing_token(&self) -> i64 {
+        self.grant.fencing_token()
+    }
+
+    /// The guard on the grant row (for [`assert_held`](LockGuard::assert_held) in the
+    /// transaction of the writes it protects).
+    pub fn guard(&self) -> &LockGuard<DB> {
+        &self.grant
+    }
+
+    /// Completes when either row's lease is lost, with why.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    pub async fn lost(&self) -> LostReason {
+        tokio::select! {
+            reason = self.grant.lost() => reason,
+            reason = self.writer.lost() => reason,
+        }
+    }
+
+    /// Whether a lease was lost, and why.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.grant
+            .lost_reason()
+            .or_else(|| self.writer.lost_reason())
+    }
+
+    /// Ends the write: the grant's row, then the writer's (which lets readers in).
+    /// Errors as [`LockGuard::release`], the grant's first.
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::release`]: a row not yet released when the future is dropped is
+    /// released in the background.
+    pub async fn release(self) -> Result<()> {
+        let granted = self.grant.release().await;
+        let writer = self.writer.release().await;
+        granted.and(writer)
+    }
+}
+
+impl<DB: Backend> Locker<DB> {
+    /// The read-write lock `name`: see [`RwLock`]. Touches no database; the name is
+    /// checked by the first call that would (a key without `~`, at most 106 bytes).
+    pub fn rw_lock(&self, name: &str) -> RwLock<DB> {
+        RwLock {
+            locker: self.clone(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl<DB: Backend> RwLock<DB> {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn writer_key(&self) -> String {
+        member_key(&self.name, "write")
+    }
+
+    /// One attempt to read for `lease`: `Ok(None)` when a writer holds or waits for the
+    /// lock. Two statements when it wins (three on MySQL and SQLite), one more when it
+    /// loses (its reader row is deleted again).
+    ///
+    /// Errors: [`Error::InvalidKey`], [`Error::InvalidDuration`] (nothing is written),
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a reader row written for a dropped future is released in the
+    /// background.
+    pub async fn try_read(&self, lease: Duration) -> Result<Option<ReadGuard<DB>>> {
+        validate_name(&self.name, LONGEST_SUFFIX)?;
+        validate_lease(lease)?;
+        let owner = self.locker.core.new_owner();
+        let attempt = Box::pin(self.attempt_read(&owner, lease));
+        let metrics = &self.locker.core.metrics;
+        let won = metrics::try_acquire(metrics, Kind::Read, &self.name, attempt).await?;
+        Ok(won.map(|lease| ReadGuard {
+            guard: self.locker.guard(lease),
+        }))
+    }
+
+    /// Reads for `lease`, waiting up to `wait` (then [`Error::Timeout`]) while a writer
+    /// holds or waits for the lock; zero makes a single attempt.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Locker::acquire`].
+    pub async fn read(&self, lease: Duration, wait: Duration) -> Result<ReadGuard<DB>> {
+        validate_name(&self.name, LONGEST_SUFFIX)?;
+        validate_lease(lease)?;
+        validate_wait(wait)?;
+        let owner = self.locker.core.new_owner();
+        let queue = group_key(&self.name);
+        let core = &self.locker.core;
+        let writer = self.writer_key();
+        let won = Box::pin(acquire::wait_in_queue(
+            core,
+            &queue,
+            &writer,
+            wait,
+            async |_| self.attempt_read(&owner, lease).await,
+        ));
+        let won = metrics::acquire(&core.metrics, Kind::Read, &self.name, wait, won).await?;
+        // Readers share: the next one in the queue tries at once.
+        core.queues.next_in_group(&queue);
+        Ok(ReadGuard {
+            guard: self.locker.guard(won),
+        })
+    }
+
+    /// One attempt to write for `lease`: `Ok(None)` when a reader or another writer holds
+    /// it (or a writer waits).
+    ///
+    /// Errors: as [`try_read`](Self::try_read).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: rows written for a dropped future are released in the background.
+    pub async fn try_write(&self, lease: Duration) -> Result<Option<WriteGuard<DB>>> {
+        validate_name(&self.name, LONGEST_SUFFIX)?;
+        validate_lease(lease)?;
+        let attempt = Box::pin(self.attempt_write(lease));
+        let metrics = &self.locker.core.metrics;
+        metrics::try_acquire(metrics, Kind::Write, &self.name, attempt).await
+    }
+
+    async fn attempt_write(&self, lease: Duration) -> Result<Option<WriteGuard<DB>>> {
+        let owner = self.locker.core.new_owner();
+        let key = self.writer_key();
+        let Some(writer) = self
+            .locker
+            .attempt(&key, &owner, lease, None, &mut None)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let writer = self.locker.guard(writer);
+        if self.a_reader().await?.is_some() {
+            writer.release().await.ok();
+            return Ok(None);
+        }
+        self.grant(writer, &owner, lease).await
+    }
+
+    /// Writes for `lease`, waiting up to `wait` (then [`Error::Timeout`]): first for the
+    /// writer's row (behind earlier writers), then, holding it (new readers now wait), for
+    /// the readers to finish. If the wait runs out in the second part the writer's row is
+    /// released and the error names the lock's readers' queue `<name>~`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`Locker::acquire`]: the writer's row of a dropped future is
+    /// released in the background, and readers can go on.
+    pub async fn write(&self, lease: Duration, wait: Duration) -> Result<WriteGuard<DB>> {
+        validate_name(&self.name, LONGEST_SUFFIX)?;
+        validate_lease(lease)?;
+        validate_wait(wait)?;
+        let write = Box::pin(self.wait_to_write(lease, wait));
+        let metrics = &self.locker.core.metrics;
+        metrics::acquire(metrics, Kind::Write, &self.name, wait, write).await
+    }
+
+    async fn wait_to_write(&self, lease: Duration, wait: Duration) -> Result<WriteGuard<DB>> {
+        let started = Instant::now();
+        let deadline = started + wait;
+        let owner = self.locker.core.new_owner();
+        let key = self.writer_key();
+        let core = &self.locker.core;
+        let writer = Box::pin(acquire::wait_for(core, &key, wait, async |ticket| {
+            self.locker
+                .attempt(&key, &owner, lease, ticket, &mut None)
+                .await
+        }))
+        .await?;
+        let writer = self.locker.guard(writer);
+        // Woken by releases of the lock's rows through this Locker (a reader leaving).
+        let group = group_key(&self.name);
+        let place = core.queues.join_fair(&group);
+        let mut backoff = Backoff::new(&core.retry, deadline);
+        let mut reads = 0u32;
+        loop {
+            reads += 1;
+            let Some(reader) = self.a_reader().await? else {
+                break;
+            };
+            // PostgreSQL: that reader's release, in any process, wakes this writer (the
+            // listener hears it, and it wakes the lock's queue, which this writer is in).
+            if DB::NOTIFIES {
+                core.start_listener();
+                core.table.note_waiter(&reader).await.ok();
+            }
+            if let Some(reason) = writer.lost_reason() {
+                return Err(Error::LockLost { key, reason });
+            }
+            let Some(pause) = backoff.next_pause() else {
+                drop(place);
+                writer.release().await.ok();
+                return Err(Error::Timeout {
+                    key: group,
+                    waited: started.elapsed(),
+                    attempts: reads,
+                    held_by: None,
+                    held_until: None,
+                });
+            };
+            tokio::select! {
+                _ = place.next_turn() => {}
+                _ = sleep(pause) => {}
+            }
+        }
+        drop(place);
+        match self.grant(writer, &owner, lease).await? {
+            Some(write) => Ok(write),
+            None => Err(Error::Timeout {
+                key: member_key(&self.name, "write-grant"),
+                waited: started.elapsed(),
+                attempts: reads,
+                held_by: None,
+                held_until: None,
+            }),
+        }
+    }
+
+    /// A reader's attempt: its row, then a look for a writer's; steps back if one is live.
+    async fn attempt_read(&self, owner: &str, lease: Duration) -> Result<Option<Arc<Lease>>> {
+        // A fresh row each attempt: a row that an earlier attempt could not delete again
+        // must not stand in the way of this one. Its key draws its fencing token from the
+        // write grant's counter (MySQL has 16), so that a write's token is above it.
+        let grant = member_key(&self.name, "write-grant");
+        let key = loop {
+            let key = member_key(&self.name, &format!("read-{:016x}", fastrand::u64(..)));
+            if DB::shares_token_counter(&key, &grant) {
+                break key;
+            }
+        };
+        let Some(read) = self
+            .locker
+            .attempt(&key, owner, lease, None, &mut None)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let read = self.locker.guard(read);
+        let writer = self.locker.core.table.inspect(&self.writer_key()).await?;
+        if writer.is_some_and(|row| !row.expired) {
+            read.release().await.ok();
+            return Ok(None);
+        }
+        Ok(Some(read.into_lease()))
+    }
+
+    /// The key of a live reader's row, if there is one.
+    async fn a_reader(&self) -> Result<Option<String>> {
+        let prefix = member_key(&self.name, "read-");
+        let table = &self.locker.core.table;
+        let live = table.list(&prefix, None, Some(false), READERS_READ).await?;
+        Ok(live.into_iter().next().map(|row| row.key))
+    }
+
+    /// Holding the writer's row with no reader left: takes the grant row, whose token is
+    /// greater than every read's (each reader that got in wrote its row before the
+    /// writer's read that found none).
+    async fn grant(
+        &self,
+        writer: LockGuard<DB>,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<WriteGuard<DB>>> {
+        let key = member_key(&self.name, "write-grant");
+        match self
+            .locker
+            .attempt(&key, owner, lease, None, &mut None)
+            .await
+        {
+            Ok(Some(grant)) => Ok(Some(WriteGuard {
+                grant: self.locker.guard(grant),
+                writer,
+            })),
+            Ok(None) => {
+                // The grant of a writer that crashed, not expired yet although its
+                // writer's row was: give way until it is.
+                writer.release().await.ok();
+                Ok(None)
+            }
+            Err(err) => Err(err),
+        }
+    }
+}
