@@ -32,9 +32,12 @@ impl<DB: Backend> LockGuard<DB> {
     /// [`explain`](Self::explain) to see it as [`Error::NotHeld`].
     ///
     /// `tx` must be on the database that holds the lock table. PostgreSQL locks the row
-    /// `FOR SHARE`. MySQL/MariaDB write it (the lease's end moves by one microsecond):
-    /// Galera certifies only rows written, and a read-only check let a stale holder's
-    /// transaction commit after another node's takeover. On SQLite the check is a write
+    /// `FOR SHARE`, MySQL/MariaDB `LOCK IN SHARE MODE`. On a MariaDB Galera cluster
+    /// (`wsrep_on`, asked once per Locker at the first check) it writes the row instead
+    /// (the lease's end moves by one microsecond): Galera certifies only rows written, and
+    /// a read-only check let a stale holder's transaction commit after another node's
+    /// takeover. (A write on one server would deadlock with a rival's acquisition attempt
+    /// on the held key, which locks the row shared, then exclusive.) On SQLite the check is a write
     /// that changes nothing, which takes the database's write lock (begin `tx` with
     /// `BEGIN IMMEDIATE` to take it at the start instead).
     ///

@@ -74,6 +74,9 @@ pub(crate) struct LockTable<DB: Backend> {
     lane: Lane<DB>,
     /// SQLite: the database's write gate in this process (see [`WriteGate`]).
     gate: Option<WriteGate>,
+    /// Whether the server certifies writes across nodes (MariaDB Galera): asked at the
+    /// first fence check, on the caller's connection.
+    certified: tokio::sync::OnceCell<bool>,
 }
 
 /// The lease engine's own connection. Its mutex is held for one statement at a time, and
@@ -151,6 +154,7 @@ impl<DB: Backend> LockTable<DB> {
             name,
             retry,
             keep_alive: tokio::sync::Mutex::new(None),
+            certified: tokio::sync::OnceCell::new(),
             lane: Lane {
                 slot: tokio::sync::Mutex::new(None),
                 refused: AtomicBool::new(false),
@@ -383,7 +387,17 @@ impl<DB: Backend> LockTable<DB> {
         conn: &mut DB::Connection,
         id: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
-        DB::check_fence(conn, &self.sql, id).await
+        let certified = if DB::MAY_CERTIFY_WRITES {
+            // Asked on the caller's connection, not a pool one: a caller holding the
+            // pool's last connection in this transaction would wait for itself.
+            *self
+                .certified
+                .get_or_try_init(|| DB::certifies_writes(&mut *conn))
+                .await?
+        } else {
+            false
+        };
+        DB::check_fence(conn, &self.sql, id, certified).await
     }
 
     /// Whether `id` still holds an unexpired lease by the database clock, read on a pool

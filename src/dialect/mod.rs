@@ -199,12 +199,28 @@ pub trait LockSql: Dialect {
 
     /// Inside the caller's transaction (`conn` is its connection): `true` if `lock` holds
     /// an unexpired lease by the database clock, after locking that row against takeover,
-    /// release and renewal until the transaction ends.
+    /// release and renewal until the transaction ends. `certified`: the server certifies
+    /// writes across nodes at commit ([`LockSql::certifies_writes`]), so the check must
+    /// write the row, not only lock it.
     fn check_fence(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
         lock: LockId<'_>,
+        certified: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Whether this dialect's servers may be a multi-primary cluster that certifies
+    /// writes at commit (MariaDB Galera), so that [`LockSql::certifies_writes`] must ask.
+    const MAY_CERTIFY_WRITES: bool = false;
+
+    /// Whether the server `conn` talks to certifies writes across nodes at commit
+    /// (MariaDB Galera, `wsrep_on`): there a row lock is the node's own, and only a
+    /// written row stops a rival's commit on another node. Safe inside a transaction.
+    fn certifies_writes(
+        _conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        async { Ok(false) }
+    }
 }
 
 /// Fair mode's ticket statements.

@@ -18,6 +18,7 @@ use super::{
 };
 
 statements! { batch_sql;
+    check_fence_write: CHECK_FENCE_WRITE,
     read_owner: READ_OWNER,
     release_live: RELEASE_LIVE,
     read_release_batch: READ_RELEASE_BATCH,
@@ -467,12 +468,34 @@ impl LockSql for MySql {
         conn: &mut MySqlConnection,
         sql: &Statements,
         lock: LockId<'_>,
+        certified: bool,
     ) -> Result<bool, sqlx::Error> {
-        let fence = sqlx::query(audited(&sql.check_fence))
+        if certified {
+            let fence = sqlx::query(audited(&sql.check_fence_write))
+                .bind(lock.key)
+                .bind(lock.owner)
+                .bind(lock.fencing_token);
+            return Ok(fence.execute(conn).await?.rows_affected() == 1);
+        }
+        let found: Option<i64> = sqlx::query_scalar(audited(&sql.check_fence))
             .bind(lock.key)
             .bind(lock.owner)
-            .bind(lock.fencing_token);
-        Ok(fence.execute(conn).await?.rows_affected() == 1)
+            .bind(lock.fencing_token)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    const MAY_CERTIFY_WRITES: bool = true;
+
+    async fn certifies_writes(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+        // SHOW VARIABLES, not @@wsrep_on: MySQL has no such variable, and an unknown one
+        // is an error, here inside the caller's transaction. The session's value: a
+        // session with wsrep_on off writes without replication.
+        let row: Option<(String, String)> = sqlx::query_as("SHOW VARIABLES LIKE 'wsrep_on'")
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.is_some_and(|(_, value)| value.eq_ignore_ascii_case("ON")))
     }
 }
 
@@ -678,15 +701,27 @@ impl TxSql for MySql {
 
 // A locking read sees the latest committed row, whatever the transaction's snapshot; the
 // shared lock holds off takeover, release and renewal until the caller's transaction ends.
-// LOCK IN SHARE MODE rather than FOR SHARE: MariaDB does not know the latter.
-// A write, not a locking read: on a MariaDB Galera cluster a row lock is the node's own,
-// and only a written row takes part in certification. A fenced transaction that only read
-// the lock row committed on node 1 after a rival's takeover had committed on node 2
-// (fault scenario 10g: 10 of 40 under load); writing the row makes Galera refuse one of
-// the two. The change is the smallest real one (a lease one microsecond longer): an
-// UPDATE that sets a column to its own value writes no row event, so nothing to certify.
-// On one server it locks the row as the read did, until the transaction ends.
+// LOCK IN SHARE MODE rather than FOR SHARE: MariaDB does not know the latter. A shared
+// lock, not an exclusive one (nor a write, as on Galera below): a rival's acquisition
+// upsert of a held key takes a shared lock on the row (the duplicate-key check) and then
+// asks for an exclusive one; an exclusive request of the holder's between those two is a
+// deadlock, and InnoDB rolled back the holder's fenced transaction (the semaphore
+// conformance test: most runs under two CPU burners, with the write below).
 const CHECK_FENCE: &str = "\
+SELECT fencing_token FROM {table}
+ WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)
+  LOCK IN SHARE MODE";
+
+// On a MariaDB Galera cluster (LockSql::certifies_writes) the check is a write: a row lock
+// is the node's own, and only a written row takes part in certification. A fenced
+// transaction that only read the lock row committed on node 1 after a rival's takeover had
+// committed on node 2 (fault scenario 10g: 10 of 40 under load); writing the row makes
+// Galera refuse one of the two. The change is the smallest real one (a lease one
+// microsecond longer): an UPDATE that sets a column to its own value writes no row event,
+// so nothing to certify. There the deadlock above can roll the fenced transaction back
+// when a rival on the same node tries the held key at that moment: a conflict that
+// LockGuard::explain reads as such (the lock still held), as Galera's own are.
+const CHECK_FENCE_WRITE: &str = "\
 UPDATE {table} SET expire_time = expire_time + INTERVAL 1 MICROSECOND
  WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)";
 

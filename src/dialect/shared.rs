@@ -141,6 +141,7 @@ macro_rules! fence_read_back {
             conn: &mut <Self as sqlx::Database>::Connection,
             sql: &Self::Statements,
             lock: super::LockId<'_>,
+            _certified: bool,
         ) -> Result<bool, sqlx::Error> {
             let found: Option<i64> = sqlx::query_scalar(super::audited(&sql.check_fence))
                 .bind(lock.key)
