@@ -228,8 +228,11 @@ pub async fn rw_lock_excludes_and_does_not_starve_writers<DB: TestBackend>() {
         task.expect("read-write task");
     }
 
-    // A stream of overlapping readers (each read starts before the last one ends): a
-    // writer still gets in, within the test's patience (15 s; readers hold 20 ms each).
+    // A stream of readers that never leaves a gap: each reader takes its next read before
+    // it lets go of the one it holds (try_read, so it never waits while holding), and only
+    // when that is refused, because a writer waits, steps back and queues. A lock that
+    // does not put a waiting writer first grants every such try_read, the readers never
+    // all let go at once, and the writer waits out its patience (15 s): that is the bound.
     let streaming = Arc::new(AtomicBool::new(true));
     let reading = Arc::new(AtomicUsize::new(0));
     let mut stream = JoinSet::new();
@@ -237,16 +240,34 @@ pub async fn rw_lock_excludes_and_does_not_starve_writers<DB: TestBackend>() {
         let lock = locker.rw_lock(name);
         let (streaming, reading) = (Arc::clone(&streaming), Arc::clone(&reading));
         stream.spawn(async move {
-            let mut granted = 0u32;
+            let (mut granted, mut stepped_back) = (1u32, 0u32);
+            let mut held = lock.read(LONG, PATIENCE).await.expect("a read");
+            reading.fetch_add(1, Ordering::SeqCst);
             while streaming.load(Ordering::SeqCst) {
-                let read = lock.read(LONG, PATIENCE).await.expect("a read");
-                reading.fetch_add(1, Ordering::SeqCst);
-                granted += 1;
                 tokio::time::sleep(Duration::from_millis(20)).await;
+                let next = match lock.try_read(LONG).await.expect("try_read") {
+                    Some(next) => next,
+                    None => {
+                        // Counted out before the release: the writer's check below never
+                        // sees fewer readers than hold a read.
+                        reading.fetch_sub(1, Ordering::SeqCst);
+                        held.release().await.expect("released while held");
+                        stepped_back += 1;
+                        held = lock.read(LONG, PATIENCE).await.expect("a read");
+                        reading.fetch_add(1, Ordering::SeqCst);
+                        granted += 1;
+                        continue;
+                    }
+                };
+                reading.fetch_add(1, Ordering::SeqCst);
                 reading.fetch_sub(1, Ordering::SeqCst);
-                read.release().await.expect("released while held");
+                held.release().await.expect("released while held");
+                held = next;
+                granted += 1;
             }
-            granted
+            reading.fetch_sub(1, Ordering::SeqCst);
+            held.release().await.expect("released while held");
+            (granted, stepped_back)
         });
     }
     wait_until("readers are streaming", PATIENCE, async || {
@@ -254,13 +275,21 @@ pub async fn rw_lock_excludes_and_does_not_starve_writers<DB: TestBackend>() {
     })
     .await;
     let write = lockers[3].rw_lock(name).write(LONG, PATIENCE).await;
-    let write = write.expect("a writer among streaming readers gets in");
+    let write = write.expect("a writer among gapless streaming readers gets in (writer first)");
     assert_eq!(reading.load(Ordering::SeqCst), 0, "a read during the write");
     streaming.store(false, Ordering::SeqCst);
     write.release().await.unwrap();
+    let mut stepped_back = 0;
     while let Some(task) = stream.join_next().await {
-        assert!(task.expect("reader") > 0);
+        let (granted, backs) = task.expect("reader");
+        assert!(granted > 0);
+        stepped_back += backs;
     }
+    // The writer got in because readers stepped back for it, not through a gap.
+    assert!(
+        stepped_back > 0,
+        "no reader stepped back for the waiting writer"
+    );
 }
 
 /// Candidates of four Lockers: one leader at a time, every new lead a greater term,
