@@ -240,3 +240,20 @@ fn sorted_keys<K: AsRef<str>>(keys: &[K]) -> Result<Vec<String>> {
     sorted.dedup();
     Ok(sorted)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_taken_in_one_order_whatever_the_callers() {
+        // Two transfers in opposite directions insert their rows in the same order, so
+        // neither waits for a row the other has yet to reach (a database deadlock, then
+        // rolled back and sent again, would be the cost of any other order).
+        let there = sorted_keys(&["account:7", "account:3", "account:7"]).unwrap();
+        let back = sorted_keys(&["account:3", "account:7"]).unwrap();
+        assert_eq!(there, ["account:3", "account:7"]);
+        assert_eq!(there, back);
+        assert!(sorted_keys::<&str>(&[]).is_err());
+    }
+}
