@@ -96,8 +96,9 @@ pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
 /// Eight tasks queue behind a held key and each holds the lock for a while (30 ms, longer
 /// than a head's first backoff pause, 0 to 10 ms) before it releases. A waiter that
 /// becomes the head because the one ahead won knows the key is held and waits for its
-/// release: every grant costs exactly one attempt, the winning one; only the first head,
-/// whose turn came from the test's release, may have a few more around that moment.
+/// release: after the first grant, every grant costs exactly one attempt, the winning one.
+/// (The first head, whose turn came from the test's release, may send a few around that
+/// moment, as many as the release takes round trips on a busy machine: not counted.)
 pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
@@ -107,33 +108,36 @@ pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
     let key = "held-ahead";
     let locker = db.locker.clone();
     let holder = locker.try_acquire(key, LONG).await.unwrap().unwrap();
+    // The attempts counted when the first waiter had the lock: read by that waiter while
+    // it holds, so no handed-off head can have started one yet.
+    let at_first_grant = Arc::new(std::sync::OnceLock::new());
     let mut tasks = Vec::new();
     for _ in 0..WAITERS {
         let waiter = locker.clone();
+        let at_first_grant = Arc::clone(&at_first_grant);
         tasks.push(tokio::spawn(async move {
             let guard = waiter.acquire(key, LONG, PATIENCE).await.unwrap();
+            at_first_grant.get_or_init(|| waiter.stats().attempts);
             // The work under the lock (no signal to wait for: holding is the point).
             sleep(HOLD).await;
             guard.release().await.unwrap();
         }));
         queued(&locker, key, tasks.len()).await;
     }
-    let before = locker.stats().attempts;
     holder.release().await.unwrap();
     for task in tasks {
         timeout(PATIENCE, task).await.unwrap().unwrap();
     }
-    let attempts = locker.stats().attempts - before;
-    let grants = WAITERS as u64;
-    // The first head's backoff pauses are full-jitter draws from 0-10 ms, so around the
-    // test's release it may send up to a few attempts of its own; a handed-off head that
-    // tried while the key was held would add at least one per handoff (7 here). An
-    // attempt is counted as it starts, so one the first head started just before `before`
-    // was read may land after the release and win uncounted: one fewer than the grants.
+    let handoffs = WAITERS as u64 - 1;
+    let attempts = locker.stats().attempts - at_first_grant.get().expect("a first grant");
+    // A handed-off head that tried while the key was held by the waiter ahead would add
+    // at least one attempt per handoff (7 here). Two more are allowed: a head whose
+    // guard sleep (250-500 ms, for a release signal never sent) ran out before a release
+    // delayed on a busy machine tries once (1 run in 24 under two CPU burners).
     assert!(
-        (grants - 1..=grants + 3).contains(&attempts),
-        "{attempts} attempts for {grants} grants: handed-off heads tried while the key was \
-         held by the waiter ahead"
+        (handoffs..=handoffs + 2).contains(&attempts),
+        "{attempts} attempts for {handoffs} handoffs: handed-off heads tried while the key \
+         was held by the waiter ahead"
     );
     assert_eq!(locker.waiting(key), 0);
 }
