@@ -54,9 +54,6 @@ pub(crate) struct Tickets {
     /// The lease of a ticket, and how often it is renewed.
     pub(crate) lease: Duration,
     interval: Duration,
-    /// Whether the database keeps tickets in arrival order, asked once (see
-    /// [`Fair::check_order`]).
-    order: tokio::sync::OnceCell<Option<&'static str>>,
 }
 
 /// What the ticket job works on.
@@ -112,7 +109,6 @@ impl Tickets {
             started: AtomicBool::new(false),
             lease,
             interval: interval.min(lease / 3),
-            order: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -287,19 +283,20 @@ pub(crate) struct Fair<'c, DB: Backend> {
 
 impl<DB: Backend> Fair<'_, DB> {
     /// Refuses fair mode, before any ticket is written, on a database that cannot keep
-    /// tickets in arrival order (MariaDB Galera): asked once per Locker.
+    /// tickets in arrival order: a multi-primary cluster (MariaDB Galera), asked once per
+    /// lock table.
     pub(crate) async fn check_order(&self) -> Result<()> {
-        let out_of_order = self
-            .tickets
-            .order
-            .get_or_try_init(|| self.table.tickets_out_of_order())
-            .await?;
-        match out_of_order {
-            Some(reason) => Err(Error::InvalidConfig((*reason).to_owned())),
-            None => Ok(()),
+        if self.table.certifies_writes().await? {
+            return Err(Error::InvalidConfig(TICKETS_ON_A_CLUSTER.to_owned()));
         }
+        Ok(())
     }
 }
+
+/// Why fair mode is refused on a MariaDB Galera cluster.
+const TICKETS_ON_A_CLUSTER: &str = "fair mode numbers its tickets with AUTO_INCREMENT, which \
+    a MariaDB Galera cluster (wsrep_on) hands out in per-node strides, so tickets from \
+    different nodes are not in arrival order; use the default FIFO mode (fair(false))";
 
 impl<DB: Backend> Line for Fair<'_, DB> {
     fn join<'a>(&'a self, key: &str) -> Box<dyn Place<'a> + 'a> {

@@ -74,8 +74,8 @@ pub(crate) struct LockTable<DB: Backend> {
     lane: Lane<DB>,
     /// SQLite: the database's write gate in this process (see [`WriteGate`]).
     gate: Option<WriteGate>,
-    /// Whether the server certifies writes across nodes (MariaDB Galera): asked at the
-    /// first fence check, on the caller's connection.
+    /// Whether the server certifies writes across nodes (MariaDB Galera): asked once, at
+    /// the first fence check or fair-mode start.
     certified: tokio::sync::OnceCell<bool>,
 }
 
@@ -387,16 +387,9 @@ impl<DB: Backend> LockTable<DB> {
         conn: &mut DB::Connection,
         id: LockId<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let certified = if DB::MAY_CERTIFY_WRITES {
-            // Asked on the caller's connection, not a pool one: a caller holding the
-            // pool's last connection in this transaction would wait for itself.
-            *self
-                .certified
-                .get_or_try_init(|| DB::certifies_writes(&mut *conn))
-                .await?
-        } else {
-            false
-        };
+        // Asked on the caller's connection, not a pool one: a caller holding the pool's
+        // last connection in this transaction would wait for itself.
+        let certified = self.certifies_writes_on(conn).await?;
         DB::check_fence(conn, &self.sql, id, certified).await
     }
 
@@ -514,14 +507,30 @@ impl<DB: Backend> LockTable<DB> {
         Ok(left.map(|micros| Duration::from_micros(u64::try_from(micros).unwrap_or(0))))
     }
 
-    /// Fair mode: why this database cannot keep tickets in arrival order, if it cannot.
-    pub(crate) async fn tickets_out_of_order(&self) -> Result<Option<&'static str>> {
-        // Elsewhere the answer is known without a pool checkout.
-        if !DB::TICKETS_MAY_BE_OUT_OF_ORDER {
-            return Ok(None);
+    /// Whether the server certifies writes across nodes at commit (MariaDB Galera), asked
+    /// on a pool connection unless known: once per lock table, whichever asks first (a
+    /// fence check, fair mode's start).
+    pub(crate) async fn certifies_writes(&self) -> Result<bool> {
+        // Elsewhere, or once known, the answer needs no pool checkout.
+        if let Some(known) = self.certified.get() {
+            return Ok(*known);
         }
-        self.run(|mut conn| async move { DB::tickets_out_of_order(&mut conn).await })
+        if !DB::MAY_CERTIFY_WRITES {
+            return Ok(false);
+        }
+        self.run(|mut conn| async move { self.certifies_writes_on(&mut conn).await })
             .await
+    }
+
+    /// [`certifies_writes`](Self::certifies_writes), asked on `conn` unless known.
+    async fn certifies_writes_on(&self, conn: &mut DB::Connection) -> Result<bool, sqlx::Error> {
+        if !DB::MAY_CERTIFY_WRITES {
+            return Ok(false);
+        }
+        let known = self
+            .certified
+            .get_or_try_init(|| DB::certifies_writes(conn));
+        Ok(*known.await?)
     }
 
     /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.

@@ -226,19 +226,6 @@ pub trait LockSql: Dialect {
 /// Fair mode's ticket statements.
 #[doc(hidden)]
 pub trait TicketSql: Dialect {
-    /// Whether this dialect's servers may number tickets out of arrival order, so that
-    /// [`TicketSql::tickets_out_of_order`] must ask the server (MySQL/MariaDB: Galera).
-    const TICKETS_MAY_BE_OUT_OF_ORDER: bool = false;
-
-    /// Why this database cannot keep tickets of one key in arrival order (fair mode is
-    /// refused then), or `None`. MariaDB Galera hands out `AUTO_INCREMENT` values in
-    /// per-node strides, so numbers from different nodes are not in arrival order.
-    fn tickets_out_of_order(
-        _conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<Option<&'static str>, sqlx::Error>> + Send {
-        async { Ok(None) }
-    }
-
     /// Takes a ticket for `key`, a lease of `lease_micros` in the ticket table; its
     /// number. Tickets of one key commit in the order of their numbers.
     fn take_ticket(

@@ -196,8 +196,6 @@ const ER_BAD_FIELD_ERROR: u16 = 1054;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_LOCK_NOWAIT: u16 = 3572;
-/// ER_UNKNOWN_SYSTEM_VARIABLE: `@@wsrep_on` on MySQL, which has no Galera.
-const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
 /// ER_CHECKREAD, "Record has changed since last read": MariaDB 11.6+ (where
 /// `innodb_snapshot_isolation` is on by default) refuses a locking read or write in a
 /// REPEATABLE READ transaction of a row changed since its snapshot, and rolls the whole
@@ -500,27 +498,6 @@ impl LockSql for MySql {
 }
 
 impl TicketSql for MySql {
-    const TICKETS_MAY_BE_OUT_OF_ORDER: bool = true;
-
-    async fn tickets_out_of_order(
-        conn: &mut MySqlConnection,
-    ) -> Result<Option<&'static str>, sqlx::Error> {
-        // MySQL has no such variable (1193, unknown system variable): not Galera.
-        let wsrep: Result<Option<i64>, _> = sqlx::query_scalar("SELECT @@wsrep_on + 0")
-            .fetch_one(conn)
-            .await;
-        match wsrep {
-            Ok(Some(on)) if on != 0 => Ok(Some(
-                "fair mode numbers its tickets with AUTO_INCREMENT, which a MariaDB Galera \
-                 cluster (wsrep_on) hands out in per-node strides, so tickets from different \
-                 nodes are not in arrival order; use the default FIFO mode (fair(false))",
-            )),
-            Ok(_) => Ok(None),
-            Err(err) if error_number(&err) == Some(ER_UNKNOWN_SYSTEM_VARIABLE) => Ok(None),
-            Err(err) => Err(err),
-        }
-    }
-
     async fn take_ticket(
         conn: &mut MySqlConnection,
         sql: &Statements,
