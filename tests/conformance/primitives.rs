@@ -566,6 +566,11 @@ pub async fn primitives_hear_releases_elsewhere<DB: TestBackend>() {
         })
         .build()
         .expect("valid options");
+    // The listener is up before the waiter starts: one that comes up while the waiter
+    // sleeps wakes every waiter to look (releases may have gone unheard), and that look
+    // could land just after the release below and take the permit without a wake-up
+    // (seen once in CI: 2 attempts, 0 wake-ups).
+    super::wakeups::start_listener(&db, &sleepy, "wake-warm-up").await;
 
     let held = db
         .locker

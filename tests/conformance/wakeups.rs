@@ -65,7 +65,11 @@ async fn granted<DB: TestBackend>(waiter: Waiter<DB>) -> (LockGuard<DB>, Instant
 /// Starts `locker`'s listener (a waiter on `key`, held elsewhere, has to sleep) and
 /// waits until it is up. The key is one of its own: the notification of its release,
 /// whenever it arrives, wakes nobody waiting on another key.
-async fn start_listener<DB: TestBackend>(db: &TestDb<DB>, locker: &Locker<DB>, key: &'static str) {
+pub(super) async fn start_listener<DB: TestBackend>(
+    db: &TestDb<DB>,
+    locker: &Locker<DB>,
+    key: &'static str,
+) {
     let holder = db.locker.try_acquire(key, LONG).await.unwrap().unwrap();
     let waiter = wait_for(locker, key);
     wait_until("the waiter's Locker listens", PATIENCE, async || {
