@@ -48,10 +48,11 @@ async fn take_all<DB: Backend>(
     keys: &[String],
     owner: &str,
     lease: Duration,
+    upsert_returns: bool,
 ) -> Result<Option<Vec<Acquired>>, sqlx::Error> {
     let mut won = Vec::with_capacity(keys.len());
     for key in keys {
-        match DB::acquire(conn, sql, key, owner, micros(lease)).await? {
+        match DB::acquire(conn, sql, key, owner, micros(lease), upsert_returns).await? {
             Some(acquired) => won.push(acquired),
             None => return Ok(None),
         }
@@ -77,6 +78,9 @@ pub(crate) struct LockTable<DB: Backend> {
     /// Whether the server certifies writes across nodes (MariaDB Galera): asked once, at
     /// the first fence check or fair-mode start.
     certified: tokio::sync::OnceCell<bool>,
+    /// Whether the server takes `RETURNING` on the acquisition's upsert (MariaDB 10.5+,
+    /// not MySQL 8): asked once, at the first acquisition.
+    upsert_returns: tokio::sync::OnceCell<bool>,
 }
 
 /// The lease engine's own connection. Its mutex is held for one statement at a time, and
@@ -155,6 +159,7 @@ impl<DB: Backend> LockTable<DB> {
             retry,
             keep_alive: tokio::sync::Mutex::new(None),
             certified: tokio::sync::OnceCell::new(),
+            upsert_returns: tokio::sync::OnceCell::new(),
             lane: Lane {
                 slot: tokio::sync::Mutex::new(None),
                 refused: AtomicBool::new(false),
@@ -290,7 +295,8 @@ impl<DB: Backend> LockTable<DB> {
     ) -> Result<Option<Acquired>> {
         let won = self
             .run_raw(|mut conn| async move {
-                DB::acquire(&mut conn, &self.sql, key, owner, micros(lease)).await
+                let returns = self.upsert_returns_on(&mut conn).await?;
+                DB::acquire(&mut conn, &self.sql, key, owner, micros(lease), returns).await
             })
             .await;
         match won {
@@ -315,8 +321,9 @@ impl<DB: Backend> LockTable<DB> {
     ) -> Result<Option<Vec<Acquired>>> {
         let won = self
             .run_raw(|mut conn| async move {
+                let returns = self.upsert_returns_on(&mut conn).await?;
                 let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                let taken = take_all::<DB>(&mut tx, &self.sql, keys, owner, lease).await;
+                let taken = take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, returns).await;
                 // Ended here, whatever happened: a transaction only dropped is rolled back
                 // when its connection is next used, and until then (idle in the pool) it
                 // keeps the row locks it took, which every other acquisition of those keys
@@ -533,6 +540,21 @@ impl<DB: Backend> LockTable<DB> {
         Ok(*known.await?)
     }
 
+    /// Whether the server takes `RETURNING` on the acquisition's upsert, asked on `conn`
+    /// the first time (`SELECT VERSION()` on MySQL / MariaDB), known after that.
+    async fn upsert_returns_on(&self, conn: &mut DB::Connection) -> Result<bool, sqlx::Error> {
+        if !DB::MAY_RETURN_FROM_UPSERT {
+            return Ok(false);
+        }
+        if let Some(known) = self.upsert_returns.get() {
+            return Ok(*known);
+        }
+        let known = self
+            .upsert_returns
+            .get_or_try_init(|| DB::upsert_returns(conn));
+        Ok(*known.await?)
+    }
+
     /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.
     pub(crate) async fn take_ticket(&self, key: &str, lease: Duration) -> Result<i64> {
         self.run(|mut conn| async move {
@@ -739,5 +761,159 @@ mod tests {
         for key in ["job:", "job:\u{10FFFF}\u{10FFFF}", "job:~", "job:\u{0}"] {
             assert!(key >= "job:" && key < end.as_str(), "{key:?}");
         }
+    }
+}
+
+/// Both ways of acquiring on MySQL / MariaDB, against the test server: the upsert with
+/// `RETURNING` (MariaDB 10.5+, one statement) and the upsert followed by a `SELECT` (MySQL
+/// 8, which has no `RETURNING`; MariaDB runs it too). No MySQL 8 server is at hand, so the
+/// second path is forced here on MariaDB.
+#[cfg(all(test, feature = "mysql"))]
+mod mysql_paths {
+    use std::time::Duration;
+
+    use sqlx::{MySql, MySqlPool};
+
+    use super::LockTable;
+    use crate::config::RetryPolicy;
+
+    const LEASE: Duration = Duration::from_secs(30);
+
+    /// The test server's pool of one connection, or `None` (printed) when none is given.
+    async fn server() -> Option<MySqlPool> {
+        let Ok(url) = std::env::var("DBLOCK_TEST_MYSQL_URL") else {
+            let required = std::env::var("DBLOCK_TEST_REQUIRE").unwrap_or_default();
+            assert!(
+                !required.split(',').any(|name| name.trim() == "mysql"),
+                "DBLOCK_TEST_REQUIRE names mysql, but DBLOCK_TEST_MYSQL_URL is not set"
+            );
+            eprintln!("skipped: DBLOCK_TEST_MYSQL_URL is not set");
+            return None;
+        };
+        let options = sqlx::mysql::MySqlPoolOptions::new().max_connections(1);
+        Some(
+            options
+                .connect(&url)
+                .await
+                .expect("connect to DBLOCK_TEST_MYSQL_URL"),
+        )
+    }
+
+    /// How many `SELECT`s and `INSERT`s this pool's one session has run so far.
+    async fn counts(pool: &MySqlPool) -> (i64, i64) {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SHOW SESSION STATUS WHERE Variable_name IN ('Com_select', 'Com_insert')",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        let count = |name: &str| {
+            let (_, value) = rows.iter().find(|(n, _)| n == name).expect(name);
+            value.parse::<i64>().unwrap()
+        };
+        (count("Com_select"), count("Com_insert"))
+    }
+
+    async fn expire(pool: &MySqlPool, table: &str, key: &str) {
+        let expire = format!(
+            "UPDATE {table} SET expire_time = NOW(6) - INTERVAL 1 SECOND WHERE lock_key = ?"
+        );
+        let done = sqlx::query(sqlx::AssertSqlSafe(expire))
+            .bind(key)
+            .execute(pool)
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+    }
+
+    #[tokio::test]
+    async fn both_acquisition_paths_win_lose_and_take_over_alike() {
+        let Some(pool) = server().await else {
+            return;
+        };
+        let name = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        crate::migrate::run(&pool, &name).await.expect("migrate");
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+
+        // Detected at the first acquisition, once.
+        let detected = LockTable::<MySql>::new(pool.clone(), name.clone(), RetryPolicy::default());
+        assert!(
+            detected
+                .acquire("probe", "p", LEASE)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        let mariadb = version.contains("MariaDB");
+        assert_eq!(detected.upsert_returns.get(), Some(&mariadb), "{version}");
+
+        for returning in [true, false] {
+            if returning && !mariadb {
+                eprintln!("{version}: no RETURNING, only the two-statement path is tried");
+                continue;
+            }
+            let table = LockTable::<MySql>::new(pool.clone(), name.clone(), RetryPolicy::default());
+            table.upsert_returns.set(returning).unwrap();
+            let key = format!("paths-{returning}");
+
+            // A win: one INSERT, and a SELECT only without RETURNING.
+            let before = counts(&pool).await;
+            let first = table.acquire(&key, "first", LEASE).await.unwrap();
+            let first = first.expect("a free key is won");
+            let after = counts(&pool).await;
+            let selects = i64::from(!returning);
+            assert_eq!(
+                after,
+                (before.0 + selects, before.1 + 1),
+                "returning {returning}"
+            );
+
+            // A loss, the same statements, the holder's row untouched.
+            let before = counts(&pool).await;
+            assert!(
+                table
+                    .acquire(&key, "second", LEASE)
+                    .await
+                    .unwrap()
+                    .is_none()
+            );
+            let after = counts(&pool).await;
+            assert_eq!(
+                after,
+                (before.0 + selects, before.1 + 1),
+                "returning {returning}"
+            );
+            let holder = table.inspect(&key).await.unwrap().expect("a row");
+            assert_eq!(holder.owner, "first");
+            assert_eq!(holder.fencing_token, first.fencing_token);
+
+            // Eight takers of the expired row: one wins, with a greater token.
+            expire(&pool, &name, &key).await;
+            let takers = (0..8).map(|i| {
+                let (table, key) = (&table, &key);
+                async move { (i, table.acquire(key, &format!("taker-{i}"), LEASE).await) }
+            });
+            let won: Vec<_> = futures::future::join_all(takers)
+                .await
+                .into_iter()
+                .filter_map(|(i, outcome)| outcome.unwrap().map(|won| (i, won)))
+                .collect();
+            assert_eq!(won.len(), 1, "returning {returning}: {won:?}");
+            let (winner, taken) = &won[0];
+            assert!(taken.fencing_token > first.fencing_token);
+            let holder = table.inspect(&key).await.unwrap().expect("a row");
+            assert_eq!(holder.owner, format!("taker-{winner}"));
+            assert_eq!(holder.fencing_token, taken.fencing_token);
+        }
+        let drop = format!(
+            "DROP TABLE IF EXISTS {name}, {name}_history, {name}_fencing, {name}_ticket, {name}_migrating"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(drop))
+            .execute(&pool)
+            .await
+            .unwrap();
     }
 }

@@ -64,6 +64,10 @@ ON DUPLICATE KEY UPDATE
     acquired_at = IF(lock_value = VALUES(lock_value), VALUES(acquired_at), acquired_at),
     expire_time = IF(lock_value = VALUES(lock_value), VALUES(expire_time), expire_time)";
 
+// MariaDB 10.5+: ACQUIRE with this tail is the whole attempt (dblock asks the server's
+// version once per lock table, as `MyHand` does).
+const MY_RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
+
 const MY_READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
 
@@ -103,6 +107,7 @@ pub fn check_copies() -> Result<(), String> {
         ("postgres.rs", PG_SOURCE, "ACQUIRE", PG_ACQUIRE),
         ("postgres.rs", PG_SOURCE, "RELEASE", PG_RELEASE),
         ("mysql.rs", MY_SOURCE, "ACQUIRE", MY_ACQUIRE),
+        ("mysql.rs", MY_SOURCE, "RETURNING_OWNER", MY_RETURNING_OWNER),
         ("mysql.rs", MY_SOURCE, "READ_OWNER", MY_READ_OWNER),
         ("mysql.rs", MY_SOURCE, "RELEASE_LIVE", MY_RELEASE),
         ("postgres.rs", PG_SOURCE, "CHECK_FENCE", PG_CHECK_FENCE),
@@ -283,15 +288,18 @@ impl HandLock for PgHand {
     }
 }
 
-/// dblock's MySQL statements, by hand, sent as dblock sends them: the upsert and the owner
-/// read on one pooled connection, then the owner-checked delete, with the upsert and
+/// dblock's MySQL statements, by hand, sent as dblock sends them: the upsert with
+/// `RETURNING` on MariaDB 10.5+ (asked once, by the server's version), else the upsert and
+/// the owner read on one pooled connection; then the owner-checked delete, with the upsert and
 /// the delete repeated when InnoDB picks them as a deadlock victim (as a careful caller
 /// must: see the hot-key section).
 pub struct MyHand {
     pool: MySqlPool,
     acquire: Arc<str>,
+    acquire_returning: Arc<str>,
     read_owner: Arc<str>,
     release: Arc<str>,
+    returning: tokio::sync::OnceCell<bool>,
 }
 
 /// As dblock's dialect: how often a write rolled back as a deadlock victim is repeated.
@@ -307,9 +315,25 @@ impl MyHand {
         MyHand {
             pool,
             acquire: statement(MY_ACQUIRE, table),
+            acquire_returning: statement(&format!("{MY_ACQUIRE}{MY_RETURNING_OWNER}"), table),
             read_owner: statement(MY_READ_OWNER, table),
             release: statement(MY_RELEASE, table),
+            returning: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Whether the server is MariaDB 10.5 or later, asked on `conn` the first time.
+    async fn returning(&self, conn: &mut sqlx::MySqlConnection) -> Result<bool, sqlx::Error> {
+        let known = self.returning.get_or_try_init(|| async {
+            let version: String = sqlx::query_scalar("SELECT VERSION()")
+                .fetch_one(&mut *conn)
+                .await?;
+            let mut numbers = version.split(|c: char| !c.is_ascii_digit());
+            let major: u32 = numbers.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            let minor: u32 = numbers.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            Ok::<_, sqlx::Error>(version.contains("MariaDB") && (major, minor) >= (10, 5))
+        });
+        Ok(*known.await?)
     }
 
     /// Runs the upsert or the delete (both bind key, owner, then a number), again while
@@ -332,6 +356,28 @@ impl MyHand {
     }
 }
 
+impl MyHand {
+    /// The upsert with `RETURNING`, again while it comes back as a deadlock victim.
+    async fn returning_write(
+        conn: &mut sqlx::MySqlConnection,
+        sql: &Arc<str>,
+        key: &str,
+        owner: &str,
+    ) -> Result<Option<(String, i64, DateTime<Utc>)>, sqlx::Error> {
+        let mut retries = 0;
+        loop {
+            let query = sqlx::query_as(audited(sql))
+                .bind(key)
+                .bind(owner)
+                .bind(lease_micros(LEASE));
+            match query.fetch_optional(&mut *conn).await {
+                Err(err) if retries < DEADLOCK_RETRIES && is_deadlock(&err) => retries += 1,
+                outcome => return outcome,
+            }
+        }
+    }
+}
+
 impl HandLock for MyHand {
     fn acquire<'a>(
         &'a self,
@@ -340,12 +386,15 @@ impl HandLock for MyHand {
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
             let mut conn = self.pool.acquire().await?;
-            Self::write(&mut conn, &self.acquire, key, owner, lease_micros(LEASE)).await?;
-            let row: Option<(String, i64, DateTime<Utc>)> =
+            let row: Option<(String, i64, DateTime<Utc>)> = if self.returning(&mut conn).await? {
+                Self::returning_write(&mut conn, &self.acquire_returning, key, owner).await?
+            } else {
+                Self::write(&mut conn, &self.acquire, key, owner, lease_micros(LEASE)).await?;
                 sqlx::query_as(audited(&self.read_owner))
                     .bind(key)
                     .fetch_optional(&mut *conn)
-                    .await?;
+                    .await?
+            };
             Ok(match row {
                 Some((holder, token, _expires_at)) if holder == owner => Some(token),
                 _ => None,

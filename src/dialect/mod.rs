@@ -112,13 +112,15 @@ pub trait Dialect: Database + ErrorCodes {
 #[doc(hidden)]
 pub trait LockSql: Dialect {
     /// One attempt: insert the row, or take over an expired one, in one atomic step.
-    /// `Ok(None)` when a live lease of another owner is in the way.
+    /// `Ok(None)` when a live lease of another owner is in the way. `upsert_returns`: the
+    /// server takes `RETURNING` on the upsert ([`LockSql::upsert_returns`]).
     fn acquire(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
         key: &str,
         owner: &str,
         lease_micros: i64,
+        upsert_returns: bool,
     ) -> impl Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send;
 
     /// Owner- and token-checked delete. `Some(expired)` when our row was deleted, saying
@@ -208,6 +210,19 @@ pub trait LockSql: Dialect {
         lock: LockId<'_>,
         certified: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+
+    /// Whether some servers of this dialect take `RETURNING` on the acquisition's upsert
+    /// and others do not (MariaDB 10.5+ and MySQL 8), so that
+    /// [`LockSql::upsert_returns`] must ask.
+    const MAY_RETURN_FROM_UPSERT: bool = false;
+
+    /// Whether the server `conn` talks to takes `RETURNING` on the acquisition's upsert,
+    /// so that [`LockSql::acquire`] is one statement. Asked once per lock table.
+    fn upsert_returns(
+        _conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        async { Ok(false) }
+    }
 
     /// Whether this dialect's servers may be a multi-primary cluster that certifies
     /// writes at commit (MariaDB Galera), so that [`LockSql::certifies_writes`] must ask.

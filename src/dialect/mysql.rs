@@ -1,9 +1,12 @@
 //! MySQL 8 and MariaDB: every statement dblock sends to them, and how answers are read.
 //!
 //! sqlx always sets `CLIENT_FOUND_ROWS`, so an upsert's row count cannot tell a win from a
-//! loss. Acquire is therefore two statements on one connection: an upsert that inserts, or
-//! takes over an expired row, then a read of the row's owner (ours means we won). Fencing
-//! tokens come from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
+//! loss. Acquire is therefore an upsert that inserts, or takes over an expired row, and a
+//! read of the row's owner (ours means we won): on MariaDB 10.5+ one statement, the upsert
+//! with `RETURNING`; on MySQL 8, which has no `RETURNING`, a `SELECT` after it on the same
+//! connection. Which one a server takes is asked once per lock table
+//! ([`LockSql::upsert_returns`]: `SELECT VERSION()`). Fencing tokens come from the
+//! triggers of the migration. `UPDATE` has no `RETURNING` here, so
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
 //! in the OK packet: one statement, and the database's own arithmetic.
 
@@ -19,6 +22,7 @@ use super::{
 
 statements! { batch_sql;
     check_fence_write: CHECK_FENCE_WRITE,
+    acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER}"),
     read_owner: READ_OWNER,
     release_live: RELEASE_LIVE,
     read_release_batch: READ_RELEASE_BATCH,
@@ -43,6 +47,12 @@ ON DUPLICATE KEY UPDATE
     acquired_at = IF(lock_value = VALUES(lock_value), VALUES(acquired_at), acquired_at),
     expire_time = IF(lock_value = VALUES(lock_value), VALUES(expire_time), expire_time)";
 
+// MariaDB 10.5+ hands back the row as it stands after the upsert: the new holder's values
+// when it inserted or took over, the current holder's when the key was held (checked on
+// 10.11 and 11.8). So ACQUIRE with this tail is the whole attempt, in one round trip.
+const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
+
+// MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
 
@@ -238,6 +248,21 @@ impl Dialect for MySql {
     }
 }
 
+/// Whether a server reporting `version` (`SELECT VERSION()`) takes `RETURNING` on an
+/// `INSERT`: MariaDB from 10.5 ("10.11.19-MariaDB-0+deb12u1", "11.8.2-MariaDB-log"); MySQL
+/// ("8.0.36") never.
+fn mariadb_with_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let mut numbers = version
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    let major = numbers.next().unwrap_or(0);
+    let minor = numbers.next().unwrap_or(0);
+    (major, minor) >= (10, 5)
+}
+
 /// The fencing counter (`bucket`) a row keyed `key` draws its token from: the migration's
 /// trigger takes `CRC32(lock_key) % 16`, MySQL's CRC32 being the common CRC-32 (ISO-HDLC,
 /// as zlib's) of the key's bytes.
@@ -253,17 +278,27 @@ impl LockSql for MySql {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        sqlx::query(audited(&sql.acquire))
-            .bind(key)
-            .bind(owner)
-            .bind(lease_micros)
-            .execute(&mut *conn)
-            .await?;
-        let row: Option<(String, i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.read_owner))
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
+        let row: Option<(String, i64, DateTime<Utc>)> = if upsert_returns {
+            sqlx::query_as(audited(&sql.acquire_returning))
+                .bind(key)
+                .bind(owner)
+                .bind(lease_micros)
+                .fetch_optional(conn)
+                .await?
+        } else {
+            sqlx::query(audited(&sql.acquire))
+                .bind(key)
+                .bind(owner)
+                .bind(lease_micros)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query_as(audited(&sql.read_owner))
+                .bind(key)
+                .fetch_optional(conn)
+                .await?
+        };
         Ok(match row {
             Some((holder, fencing_token, expires_at)) if holder == owner => Some(Acquired {
                 fencing_token,
@@ -485,6 +520,15 @@ impl LockSql for MySql {
     }
 
     const MAY_CERTIFY_WRITES: bool = true;
+
+    const MAY_RETURN_FROM_UPSERT: bool = true;
+
+    async fn upsert_returns(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(conn)
+            .await?;
+        Ok(mariadb_with_returning(&version))
+    }
 
     async fn certifies_writes(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
         // SHOW VARIABLES, not @@wsrep_on: MySQL has no such variable, and an unknown one
@@ -714,5 +758,18 @@ mod tests {
         assert_eq!(crc32.checksum(b"123456789"), 0xCBF4_3926);
         assert_eq!(token_counter("catalog~write-grant"), 14);
         assert!(MySql::shares_token_counter("a", "a"));
+    }
+
+    #[test]
+    fn returning_is_mariadb_10_5_and_later() {
+        assert!(mariadb_with_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(mariadb_with_returning("11.8.2-MariaDB-ubu2404-log"));
+        assert!(mariadb_with_returning("10.5.0-MariaDB"));
+        assert!(!mariadb_with_returning(
+            "10.4.34-MariaDB-1:10.4.34+maria~ubu2004"
+        ));
+        assert!(!mariadb_with_returning("8.0.36"));
+        assert!(!mariadb_with_returning("8.4.3-commercial"));
+        assert!(!mariadb_with_returning(""));
     }
 }

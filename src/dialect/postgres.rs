@@ -206,6 +206,7 @@ impl LockSql for Postgres {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         returning_acquire!(conn, sql, key, owner, lease_micros)
     }

@@ -198,6 +198,7 @@ impl LockSql for Sqlite {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         // Without this read every losing attempt queued for the single write lock, waiting
         // in SQLite's busy handler on a pooled connection: a hundred waiters on a small
