@@ -8,6 +8,37 @@ use crate::error::{Error, Result};
 /// The table created by [`Locker::migrate`](crate::Locker::migrate) unless the builder names
 /// another one.
 pub const DEFAULT_TABLE: &str = "distributed_lock";
+/// The table a PostgreSQL Locker built with [`Durability::Relaxed`] uses unless the
+/// builder names another one: never the durable default, so relaxed and durable locks
+/// never share a table.
+pub const DEFAULT_RELAXED_TABLE: &str = "distributed_lock_relaxed";
+
+/// Whether a PostgreSQL lock table's rows survive a server crash
+/// ([`LockerBuilder::durability`](crate::LockerBuilder::durability)).
+///
+/// ```
+/// use dblock::Durability;
+///
+/// assert_eq!(Durability::default(), Durability::Durable);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every acquisition and release is committed to the write-ahead log and replicated:
+    /// locks survive a crash, a restart and a failover. The default.
+    #[default]
+    Durable,
+    /// The lock table is `UNLOGGED`: no write-ahead log for its rows, several times the
+    /// cycles a second on a server whose disk flushes are slow. A server crash or a
+    /// failover empties it: every held lock is lost (its holder learns within one renewal
+    /// interval, as [`LostReason::Deleted`](crate::LostReason::Deleted)). Fencing tokens
+    /// still never go backwards (the token sequence stays logged, and the first
+    /// acquisition after a server start moves it 2^32 ahead), and
+    /// [`LockGuard::assert_held`](crate::LockGuard::assert_held) still refuses a stale
+    /// holder's writes.
+    Relaxed,
+}
+
 /// Longest accepted lock key, in bytes (the column is `VARCHAR(128)`).
 pub const MAX_KEY_BYTES: usize = 128;
 /// Longest accepted owner prefix, in bytes; the owner value adds 32 hex digits of a UUID

@@ -55,9 +55,10 @@ mod stats;
 
 pub use admin::{LockFilter, LockInfo, MAX_HELD_LONGER_THAN, MAX_LIST_LIMIT};
 pub use config::{
-    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RENEW_INTERVAL,
-    DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, MAX_KEY_BYTES, MAX_LEASE,
-    MAX_OWNER_PREFIX_BYTES, MAX_TABLE_NAME_BYTES, MAX_WAIT, MIN_LEASE, RetryPolicy,
+    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RELAXED_TABLE,
+    DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, Durability,
+    MAX_KEY_BYTES, MAX_LEASE, MAX_OWNER_PREFIX_BYTES, MAX_TABLE_NAME_BYTES, MAX_WAIT, MIN_LEASE,
+    RetryPolicy,
 };
 pub use dialect::{Backend, LockId};
 pub use election::{
@@ -111,6 +112,7 @@ pub mod internals {
                 pool,
                 name.to_owned(),
                 crate::config::RetryPolicy::default(),
+                crate::config::Durability::Durable,
             ))
         }
 

@@ -9,9 +9,9 @@ use sqlx::Pool;
 
 use crate::acquire::{self, Gate, Request};
 use crate::config::{
-    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RENEW_INTERVAL, DEFAULT_TABLE, MAX_LEASE, MIN_LEASE,
-    RetryPolicy, validate_acquire, validate_key, validate_lease, validate_owner_prefix,
-    validate_range, validate_table_name,
+    DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RELAXED_TABLE, DEFAULT_RENEW_INTERVAL,
+    DEFAULT_TABLE, Durability, MAX_LEASE, MIN_LEASE, RetryPolicy, validate_acquire, validate_key,
+    validate_lease, validate_owner_prefix, validate_range, validate_table_name,
 };
 use crate::core::{Core, Listen, Settings};
 use crate::dialect::Backend;
@@ -159,7 +159,9 @@ pub struct Holder {
 /// ```
 pub struct LockerBuilder<DB: Backend> {
     pool: Pool<DB>,
-    table: String,
+    /// `None`: the default of the durability.
+    table: Option<String>,
+    durability: Durability,
     owner_prefix: String,
     retry: RetryPolicy,
     /// `None`: not set, the default applies.
@@ -172,11 +174,12 @@ pub struct LockerBuilder<DB: Backend> {
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
-    /// The lock table. Default: [`DEFAULT_TABLE`] (`distributed_lock`). Must be a plain
-    /// identifier (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 bytes) that no backend reserves
-    /// (not `order`, `user`, `key`, ...); checked by [`build`](Self::build).
+    /// The lock table. Default: [`DEFAULT_TABLE`] (`distributed_lock`), or
+    /// [`DEFAULT_RELAXED_TABLE`] with [`Durability::Relaxed`]. Must be a plain identifier
+    /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 bytes) that no backend reserves (not `order`,
+    /// `user`, `key`, ...); checked by [`build`](Self::build).
     pub fn table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
+        self.table = Some(name.into());
         self
     }
 
@@ -263,7 +266,19 @@ impl<DB: Backend> LockerBuilder<DB> {
 
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
-        validate_table_name(&self.table)?;
+        let table = match (self.table, self.durability) {
+            (Some(table), _) => table,
+            (None, Durability::Relaxed) => DEFAULT_RELAXED_TABLE.to_owned(),
+            (None, _) => DEFAULT_TABLE.to_owned(),
+        };
+        validate_table_name(&table)?;
+        if self.durability == Durability::Relaxed && table == DEFAULT_TABLE {
+            return Err(Error::InvalidConfig(format!(
+                "Durability::Relaxed needs a table of its own, not the durable default \
+                 {DEFAULT_TABLE:?}: leave the table unset ({DEFAULT_RELAXED_TABLE:?}) or \
+                 name another"
+            )));
+        }
         validate_owner_prefix(&self.owner_prefix)?;
         self.retry.validate()?;
         let default_lease = self.default_lease.unwrap_or(DEFAULT_LEASE);
@@ -285,7 +300,7 @@ impl<DB: Backend> LockerBuilder<DB> {
                  or a longer default_lease"
             )));
         }
-        let table = LockTable::new(self.pool, self.table, self.retry);
+        let table = LockTable::new(self.pool, table, self.retry, self.durability);
         Ok(Locker {
             core: Arc::new(Core::new(Settings {
                 table,
@@ -315,6 +330,42 @@ impl LockerBuilder<sqlx::Postgres> {
         self.listener_options = Some(options);
         self
     }
+
+    /// Whether the lock table's rows survive a server crash. Default:
+    /// [`Durability::Durable`].
+    ///
+    /// [`Durability::Relaxed`] trades that for speed, as a Redis lock without persistence
+    /// does: [`migrate`](Locker::migrate) creates the table `UNLOGGED` (default name
+    /// [`DEFAULT_RELAXED_TABLE`]; never the durable default), so its rows write no
+    /// write-ahead log and no commit waits for a disk flush. **A server crash or a
+    /// failover loses every held lock**: crash recovery empties unlogged tables, and
+    /// standbys never have their rows. Holders learn it at their next renewal, within
+    /// one renewal interval of the server's return, as
+    /// [`LostReason::Deleted`](crate::LostReason::Deleted); fencing tokens still never go
+    /// backwards (the token sequence stays logged, and the first acquisition after every
+    /// server start moves it 2^32 ahead, past any token that was handed out but not yet
+    /// flushed), and [`LockGuard::assert_held`](crate::LockGuard::assert_held) still
+    /// refuses a stale holder's writes. A clean restart empties nothing.
+    ///
+    /// [`migrate`](Locker::migrate) refuses ([`Error::InvalidConfig`]) a table made with
+    /// the other durability, so durable and relaxed locks never share a table. PostgreSQL
+    /// only: MySQL/MariaDB has no unlogged InnoDB table (its log flush,
+    /// `innodb_flush_log_at_trx_commit`, is a server-wide setting), and SQLite's
+    /// `synchronous = OFF` may corrupt the database file on a power loss, not only lose
+    /// its last commits.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> dblock::Result<()> {
+    /// use dblock::{Durability, Locker};
+    ///
+    /// let fast = Locker::builder(pool).durability(Durability::Relaxed).build()?;
+    /// fast.migrate().await?; // creates distributed_lock_relaxed, UNLOGGED
+    /// # Ok(()) }
+    /// ```
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
 }
 
 impl<DB: Backend> Locker<DB> {
@@ -329,7 +380,8 @@ impl<DB: Backend> Locker<DB> {
     pub fn builder(pool: Pool<DB>) -> LockerBuilder<DB> {
         LockerBuilder {
             pool,
-            table: DEFAULT_TABLE.to_owned(),
+            table: None,
+            durability: Durability::Durable,
             owner_prefix: String::new(),
             retry: RetryPolicy::default(),
             default_lease: None,

@@ -8,8 +8,9 @@ use sqlx::pool::PoolConnection;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::config::Durability;
 use crate::dialect::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// One pooled connection seen through refinery's async traits.
 struct Adapter<'c, DB: Backend> {
@@ -58,11 +59,27 @@ impl<DB: Backend> AsyncQuery<Vec<Migration>> for Adapter<'_, DB> {
 impl<DB: Backend> AsyncMigrate for Adapter<'_, DB> {}
 
 /// Applies the pending migrations for `table`, serialized across processes by the
-/// dialect's migration lock; returns how many were applied.
-pub(crate) async fn run<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<usize> {
+/// dialect's migration lock; returns how many were applied. A relaxed table's scripts
+/// create its tables `UNLOGGED` and add the dialect's relaxed-only steps; the durable
+/// scripts are the same text as they always were (refinery checksums it).
+pub(crate) async fn run<DB: Backend>(
+    pool: &Pool<DB>,
+    table: &str,
+    durability: Durability,
+) -> Result<usize> {
+    let (unlogged, extra): (&str, &[(&str, &str)]) = match durability {
+        Durability::Relaxed => ("UNLOGGED ", DB::RELAXED_MIGRATIONS),
+        _ => ("", &[]),
+    };
     let migrations = DB::MIGRATIONS
         .iter()
-        .map(|(name, template)| Migration::unapplied(name, &template.replace("{table}", table)))
+        .chain(extra)
+        .map(|(name, template)| {
+            let script = template
+                .replace("{table}", table)
+                .replace("{unlogged}", unlogged);
+            Migration::unapplied(name, &script)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let mut runner = Runner::new(&migrations);
     runner.set_migration_table_name(format!("{table}_history"));
@@ -73,6 +90,19 @@ pub(crate) async fn run<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<usi
     // go back to the pool still holding either; closed, it lets both go.
     conn.close_on_drop();
     DB::lock_migrations(&mut *conn, table).await?;
+    // A table made with the other durability is refused before refinery sees its history
+    // (where a relaxed table has a step the durable scripts lack).
+    let mismatch = match DB::durability_mismatch(&mut *conn, table, durability).await {
+        Ok(mismatch) => mismatch,
+        Err(err) => {
+            DB::unlock_migrations(&mut *conn, table, false).await?;
+            return Err(err.into());
+        }
+    };
+    if let Some(why) = mismatch {
+        DB::unlock_migrations(&mut *conn, table, false).await?;
+        return Err(Error::InvalidConfig(why));
+    }
     let outcome = runner.run_async(&mut Adapter { conn: &mut conn }).await;
     DB::unlock_migrations(&mut *conn, table, outcome.is_ok()).await?;
     let report = outcome?;

@@ -23,7 +23,7 @@ use sqlx::Pool;
 use sqlx::pool::PoolConnection;
 use tokio::time::Instant;
 
-use crate::config::{RetryPolicy, micros};
+use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
     Acquired, Backend, Contention, Inspected, ListQuery, Listed, ListenerOptions, LockId,
     ReleasedRow, Releases, Renewal, RowState, WriteGate,
@@ -69,6 +69,8 @@ pub(crate) struct LockTable<DB: Backend> {
     sql: DB::Statements,
     name: String,
     retry: RetryPolicy,
+    /// Whether the table is logged (PostgreSQL `UNLOGGED` when relaxed).
+    durability: Durability,
     /// A connection outside the pool that keeps an in-memory database alive.
     keep_alive: tokio::sync::Mutex<Option<DB::Connection>>,
     /// The lease engine's own connection (see the module docs).
@@ -149,10 +151,16 @@ macro_rules! on_lane {
 }
 
 impl<DB: Backend> LockTable<DB> {
-    /// The table `name` (validated) on `pool`.
-    pub(crate) fn new(pool: Pool<DB>, name: String, retry: RetryPolicy) -> Self {
+    /// The table `name` (validated) on `pool`, logged or not as `durability` says.
+    pub(crate) fn new(
+        pool: Pool<DB>,
+        name: String,
+        retry: RetryPolicy,
+        durability: Durability,
+    ) -> Self {
         LockTable {
-            sql: DB::statements(&name),
+            sql: DB::statements(&name, durability),
+            durability,
             gate: DB::write_gate(&pool.connect_options()),
             pool,
             name,
@@ -672,7 +680,7 @@ impl<DB: Backend> LockTable<DB> {
     /// the table's own that keeps it alive for as long as this table object lives.
     pub(crate) async fn migrate(&self) -> Result<usize> {
         self.keep_alive().await?;
-        let applied = crate::migrate::run(&self.pool, &self.name)
+        let applied = crate::migrate::run(&self.pool, &self.name, self.durability)
             .await
             .map_err(|err| self.migration_error(err))?;
         if let Some(conn) = self.keep_alive.lock().await.as_mut() {
@@ -775,7 +783,7 @@ mod mysql_paths {
     use sqlx::{MySql, MySqlPool};
 
     use super::LockTable;
-    use crate::config::RetryPolicy;
+    use crate::config::{Durability, RetryPolicy};
 
     const LEASE: Duration = Duration::from_secs(30);
 
@@ -832,14 +840,21 @@ mod mysql_paths {
             return;
         };
         let name = format!("t_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        crate::migrate::run(&pool, &name).await.expect("migrate");
+        crate::migrate::run(&pool, &name, Durability::Durable)
+            .await
+            .expect("migrate");
         let version: String = sqlx::query_scalar("SELECT VERSION()")
             .fetch_one(&pool)
             .await
             .unwrap();
 
         // Detected at the first acquisition, once.
-        let detected = LockTable::<MySql>::new(pool.clone(), name.clone(), RetryPolicy::default());
+        let detected = LockTable::<MySql>::new(
+            pool.clone(),
+            name.clone(),
+            RetryPolicy::default(),
+            Durability::Durable,
+        );
         assert!(
             detected
                 .acquire("probe", "p", LEASE)
@@ -855,7 +870,12 @@ mod mysql_paths {
                 eprintln!("{version}: no RETURNING, only the two-statement path is tried");
                 continue;
             }
-            let table = LockTable::<MySql>::new(pool.clone(), name.clone(), RetryPolicy::default());
+            let table = LockTable::<MySql>::new(
+                pool.clone(),
+                name.clone(),
+                RetryPolicy::default(),
+                Durability::Durable,
+            );
             table.upsert_returns.set(returning).unwrap();
             let key = format!("paths-{returning}");
 

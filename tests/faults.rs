@@ -86,6 +86,8 @@ mod pool;
 mod primitives;
 #[path = "common/proxy.rs"]
 mod proxy;
+#[path = "faults/relaxed.rs"]
+mod relaxed;
 #[path = "faults/replica.rs"]
 mod replica;
 #[path = "faults/report.rs"]
@@ -183,6 +185,7 @@ const SCENARIOS: &[&str] = &[
     kill::NAME,
     pause::NAME,
     restart::NAME,
+    relaxed::NAME,
     outage::NAME,
     skew::NAME,
     pool::NAME,
@@ -296,6 +299,7 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     scenario(ctx, report, selection, kill::NAME, kill::run).await;
     scenario(ctx, report, selection, pause::NAME, pause::run).await;
     scenario(ctx, report, selection, restart::NAME, restart::run).await;
+    scenario(ctx, report, selection, relaxed::NAME, relaxed::run).await;
     outage::run_all(ctx, report, selection).await;
     skew::run_all(ctx, report, selection).await;
     scenario(ctx, report, selection, pool::NAME, pool::run).await;

@@ -16,6 +16,9 @@ use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_cycle";
 const SEED_TABLE: &str = "bench_lock_seed";
+/// Fast mode's table (`Durability::Relaxed`, PostgreSQL only) and its contender's name.
+const RELAXED_TABLE: &str = "bench_lock_cycle_relaxed";
+const RELAXED: &str = "dblock relaxed (UNLOGGED)";
 const TASKS: [usize; 2] = [1, 8];
 /// Each contender runs this long before the rounds (connections, statement caches).
 const WARM_UP: Duration = Duration::from_millis(200);
@@ -39,6 +42,10 @@ const DIALECT: usize = 1;
 const HAND: usize = 2;
 const SEED: usize = 3;
 const REDIS: usize = 4;
+
+/// Fast mode's targets (issue 29): relaxed dblock / durable dblock, and / Redis.
+const RELAXED_VS_DURABLE: f64 = 3.0;
+const RELAXED_VS_REDIS: f64 = 0.3;
 
 /// Targets (issue 9): dblock / hand-written throughput, and extra wake-ups per cycle.
 const RATIO_TARGET: f64 = 0.95;
@@ -122,6 +129,7 @@ pub async fn section(
     out.push_str(&overhead_markdown(&comparisons));
     out.push_str(&anatomies);
     out.push_str(&redis_markdown(&comparisons, redis.is_some()));
+    out.push_str(&relaxed_markdown(&comparisons));
     out
 }
 
@@ -156,10 +164,21 @@ async fn on_backend<DB: BenchDb>(
             RedisLock::connect(client, *TASKS.iter().max().unwrap_or(&1)).await?,
         ));
     }
+    // Last, so that the others keep their places (DBLOCK .. REDIS).
+    let relaxed = DB::relaxed_locker(&server.pool, RELAXED_TABLE).await?;
+    if let Some(locker) = relaxed.clone() {
+        contenders.push(Arc::new(Dblock {
+            name: RELAXED.into(),
+            locker,
+        }));
+    }
 
     let mut out = Vec::new();
     for tasks in TASKS {
         out.push(compare(settings, &server.label, &contenders, tasks).await);
+    }
+    if relaxed.is_some() {
+        DB::drop_lock_table(&server.pool, RELAXED_TABLE).await?;
     }
     DB::drop_lock_table(&server.pool, TABLE).await?;
     DB::drop_table(&server.pool, SEED_TABLE).await?;
@@ -386,7 +405,8 @@ fn redis_markdown(comparisons: &[Comparison], have_redis: bool) -> String {
         "dblock / Redis",
         "hand-written / Redis",
     ]);
-    for c in comparisons.iter().filter(|c| c.rounds.len() > REDIS) {
+    let has_redis = |c: &&Comparison| c.names.get(REDIS).is_some_and(|n| n.starts_with("Redis"));
+    for c in comparisons.iter().filter(has_redis) {
         let (d, ds) = c.ratio(DBLOCK, REDIS);
         let (h, hs) = c.ratio(HAND, REDIS);
         table.row(vec![
@@ -398,6 +418,56 @@ fn redis_markdown(comparisons: &[Comparison], have_redis: bool) -> String {
             ratio(d, ds),
             ratio(h, hs),
         ]);
+    }
+    out.push_str(&table.render());
+    out.push('\n');
+    out
+}
+
+/// Fast mode (`Durability::Relaxed`): its cycles next to durable dblock's and Redis's, in
+/// the same rounds.
+fn relaxed_markdown(comparisons: &[Comparison]) -> String {
+    let mut out = String::from(
+        "### Fast mode: `Durability::Relaxed` (PostgreSQL, an UNLOGGED lock table)\n\n\
+         One more contender in the rounds of section 1: the same `try_acquire` + `release` \
+         on a relaxed Locker's own table. Targets: >= 3x durable dblock and >= 0.3x Redis \
+         (medians of per-round ratios).\n\n",
+    );
+    let mut table = Table::new(&[
+        "backend",
+        "tasks",
+        "relaxed cycles/s",
+        "p50 ms",
+        "p99 ms",
+        "relaxed / durable dblock",
+        "relaxed / Redis",
+    ]);
+    let mut rows = 0;
+    for c in comparisons {
+        let Some(fast) = c.names.iter().position(|n| n == RELAXED) else {
+            continue;
+        };
+        rows += 1;
+        let (d, ds) = c.ratio(fast, DBLOCK);
+        let versus_redis = if c.names.get(REDIS).is_some_and(|n| n.starts_with("Redis")) {
+            let (r, rs) = c.ratio(fast, REDIS);
+            format!("{} {}", ratio(r, rs), verdict(r >= RELAXED_VS_REDIS))
+        } else {
+            "Redis not measured".to_owned()
+        };
+        table.row(vec![
+            c.backend.clone(),
+            c.tasks.to_string(),
+            count(c.throughput(fast)),
+            ms_f(c.latency(fast, 50.0)),
+            ms_f(c.latency(fast, 99.0)),
+            format!("{} {}", ratio(d, ds), verdict(d >= RELAXED_VS_DURABLE)),
+            versus_redis,
+        ]);
+    }
+    if rows == 0 {
+        out.push_str("No PostgreSQL server was measured.\n\n");
+        return out;
     }
     out.push_str(&table.render());
     out.push('\n');

@@ -114,6 +114,15 @@ pub trait BenchDb: Backend {
     /// The same statements dblock sends, hand-written, on `table`.
     fn hand(pool: &Pool<Self>, table: &str) -> Arc<dyn HandLock>;
 
+    /// A Locker on a fresh relaxed (`UNLOGGED`) lock table `table`, where the backend has
+    /// them (PostgreSQL); `None` elsewhere.
+    fn relaxed_locker(
+        _pool: &Pool<Self>,
+        _table: &str,
+    ) -> impl Future<Output = Result<Option<Locker<Self>>, dblock::Error>> + Send {
+        async { Ok(None) }
+    }
+
     /// The seeds' plain INSERT / DELETE on their own three-column table (created fresh).
     fn seed(
         pool: &Pool<Self>,
@@ -242,8 +251,9 @@ impl BenchDb for Postgres {
         run(
             pool,
             format!(
-                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket; \
-                 DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq"
+                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket, {table}_epoch; \
+                 DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq; \
+                 DROP FUNCTION IF EXISTS {table}_new_epoch()"
             ),
         )
         .await
@@ -251,6 +261,19 @@ impl BenchDb for Postgres {
 
     fn hand(pool: &PgPool, table: &str) -> Arc<dyn HandLock> {
         Arc::new(PgHand::new(pool.clone(), table))
+    }
+
+    async fn relaxed_locker(
+        pool: &PgPool,
+        table: &str,
+    ) -> Result<Option<Locker<Postgres>>, dblock::Error> {
+        Self::drop_lock_table(pool, table).await?;
+        let locker = Locker::builder(pool.clone())
+            .table(table)
+            .durability(dblock::Durability::Relaxed)
+            .build()?;
+        locker.migrate().await?;
+        Ok(Some(locker))
     }
 
     async fn seed(pool: &PgPool, table: &str) -> Result<Arc<dyn HandLock>, sqlx::Error> {

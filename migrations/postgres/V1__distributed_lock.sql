@@ -2,7 +2,7 @@
 -- table name. Every statement is idempotent so a failed run can simply be repeated.
 CREATE SEQUENCE IF NOT EXISTS {table}_fencing_seq;
 
-CREATE TABLE IF NOT EXISTS {table} (
+CREATE {unlogged}TABLE IF NOT EXISTS {table} (
     lock_key      VARCHAR(128) PRIMARY KEY,
     lock_value    VARCHAR(64)  NOT NULL,
     expire_time   TIMESTAMPTZ  NOT NULL,

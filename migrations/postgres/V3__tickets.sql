@@ -4,7 +4,7 @@
 -- clients never touch this table: their rows in {table} still block everyone.
 CREATE SEQUENCE IF NOT EXISTS {table}_ticket_seq;
 
-CREATE TABLE IF NOT EXISTS {table}_ticket (
+CREATE {unlogged}TABLE IF NOT EXISTS {table}_ticket (
     ticket      BIGINT       PRIMARY KEY DEFAULT nextval('{table}_ticket_seq'),
     lock_key    VARCHAR(128) NOT NULL,
     expire_time TIMESTAMPTZ  NOT NULL

@@ -26,6 +26,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{Database, Transaction};
 
+use crate::config::Durability;
+
 #[macro_use]
 mod shared;
 
@@ -91,8 +93,9 @@ pub trait Dialect: Database + ErrorCodes {
     /// work the server does for a batch after the statement returned.
     const REAP_PACE: u32 = 39;
 
-    /// Builds the statements for a validated table name.
-    fn statements(table: &str) -> Self::Statements;
+    /// Builds the statements for a validated table name, of a table logged or not as
+    /// `durability` says (only PostgreSQL has relaxed tables).
+    fn statements(table: &str, durability: Durability) -> Self::Statements;
 
     /// The process-wide [`WriteGate`] of the database `options` open, on backends whose
     /// writers wait for one another by polling (SQLite); `None` elsewhere.
@@ -315,6 +318,20 @@ pub trait NotifySql: Dialect {
 pub trait MigrateSql: Database {
     /// The migration files as `(refinery file name, SQL template with `{table}`)`.
     const MIGRATIONS: &'static [(&'static str, &'static str)];
+
+    /// The steps a relaxed table ([`Durability::Relaxed`]) adds after
+    /// [`MIGRATIONS`](Self::MIGRATIONS), whose `{unlogged}` becomes `UNLOGGED ` for it.
+    const RELAXED_MIGRATIONS: &'static [(&'static str, &'static str)] = &[];
+
+    /// Why `table`, if it exists, cannot be migrated for `durability`: it was made with
+    /// the other one. `None` when it can (or does not exist yet).
+    fn durability_mismatch(
+        _conn: &mut Self::Connection,
+        _table: &str,
+        _durability: Durability,
+    ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send {
+        async { Ok(None) }
+    }
 
     /// Every column of the lock table dblock reads or writes.
     const COLUMNS: &'static str = "lock_key, lock_value, expire_time, fencing_token, acquired_at";

@@ -15,9 +15,9 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
 use super::{
-    Acquired, Contention, Dialect, ErrorCodes, Inspected, ListQuery, Listed, LockId, LockSql,
-    MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql, TicketSql, TxSql, audited,
-    batch_json, ids_json, is_unique_violation, json_list, quoted_after, sql,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed, LockId,
+    LockSql, MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql, TicketSql, TxSql,
+    audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after, sql,
 };
 
 statements! { batch_sql;
@@ -239,7 +239,7 @@ impl Dialect for MySql {
     // figures: bench/RESULTS.md, "Figures behind choices in the code").
     const REAP_PACE: u32 = 79;
 
-    fn statements(table: &str) -> Statements {
+    fn statements(table: &str, _durability: Durability) -> Statements {
         build_statements(table)
     }
 

@@ -11,9 +11,9 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, Postgres};
 
 use super::{
-    Acquired, Contention, Dialect, ErrorCodes, ListenerOptions, LockId, LockSql, MigrateSql,
-    NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState, RowWait, SqlValue,
-    TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql, unrenewed,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, ListenerOptions, LockId, LockSql,
+    MigrateSql, NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState, RowWait,
+    SqlValue, TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql, unrenewed,
 };
 
 statements! { sql;
@@ -55,6 +55,32 @@ ON CONFLICT (lock_key) DO UPDATE
        acquired_at = EXCLUDED.acquired_at
  WHERE held.expire_time <= clock_timestamp()
 RETURNING fencing_token, expire_time";
+
+// A relaxed (UNLOGGED) table's acquisition: ACQUIRE, drawing its token only once the
+// token sequence has been moved past whatever the server handed out before its last start
+// (V4__relaxed_epoch.sql): a crash empties the table, and a token drawn in a transaction
+// that wrote no WAL of its own may be drawn again after crash recovery. The one-row epoch
+// read costs a primary-key lookup; the function runs once per server start.
+const ACQUIRE_RELAXED: &str = "\
+WITH serialize AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0)),
+           (SELECT started FROM {table}_epoch) = pg_postmaster_start_time()
+           OR {table}_new_epoch()
+)
+INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
+SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
+       nextval('{table}_fencing_seq'), clock_timestamp()
+  FROM serialize
+ON CONFLICT (lock_key) DO UPDATE
+   SET lock_value = EXCLUDED.lock_value,
+       expire_time = EXCLUDED.expire_time,
+       fencing_token = EXCLUDED.fencing_token,
+       acquired_at = EXCLUDED.acquired_at
+ WHERE held.expire_time <= clock_timestamp()
+RETURNING fencing_token, expire_time";
+
+// Which of a table's relations are unlogged ('u') or logged ('p'): the lock table's.
+const PERSISTENCE: &str = "SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)";
 
 // A row that a waiter of another process marked (`NOTE_WAITER`) wakes it: NOTIFY is sent
 // at commit, by the same statement, with `token:key` (see `Released`). Unmarked rows notify nobody, so the uncontended cycle
@@ -194,8 +220,12 @@ impl super::sealed::Sealed for Postgres {}
 impl Dialect for Postgres {
     type Statements = Statements;
 
-    fn statements(table: &str) -> Statements {
-        build_statements(table)
+    fn statements(table: &str, durability: Durability) -> Statements {
+        let mut statements = build_statements(table);
+        if durability == Durability::Relaxed {
+            statements.acquire = sql(ACQUIRE_RELAXED, table);
+        }
+        statements
     }
 }
 
@@ -283,6 +313,33 @@ impl MigrateSql for Postgres {
 
     const COLUMNS: &'static str =
         "lock_key, lock_value, expire_time, fencing_token, acquired_at, waiters";
+
+    const RELAXED_MIGRATIONS: &'static [(&'static str, &'static str)] =
+        migration_scripts!("postgres"; "V4__relaxed_epoch.sql");
+
+    async fn durability_mismatch(
+        conn: &mut PgConnection,
+        table: &str,
+        durability: Durability,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let persistence: Option<String> = sqlx::query_scalar(PERSISTENCE)
+            .bind(table)
+            .fetch_optional(conn)
+            .await?;
+        let relaxed = durability == Durability::Relaxed;
+        Ok(match persistence.as_deref() {
+            Some("p") if relaxed => Some(format!(
+                "table {table:?} is a durable (logged) lock table, and this Locker is \
+                 Durability::Relaxed: relaxed locks need a table of their own"
+            )),
+            Some("u") if !relaxed => Some(format!(
+                "table {table:?} is a relaxed (UNLOGGED) lock table, and this Locker is \
+                 Durability::Durable: build it with durability(Durability::Relaxed), or \
+                 use another table"
+            )),
+            _ => None,
+        })
+    }
 
     async fn lock_migrations(conn: &mut PgConnection, table: &str) -> Result<(), sqlx::Error> {
         sqlx::raw_sql("BEGIN").execute(&mut *conn).await?;

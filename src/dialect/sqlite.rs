@@ -14,9 +14,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
-    Acquired, Contention, Dialect, ErrorCodes, LockId, LockSql, MigrateSql, NotifySql, ReleasedRow,
-    Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql, WriteGate, audited, batch_json,
-    db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, LockId, LockSql, MigrateSql, NotifySql,
+    ReleasedRow, Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql, WriteGate, audited,
+    batch_json, db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
 };
 
 statements! { sqlite_sql;
@@ -170,7 +170,7 @@ impl super::sealed::Sealed for Sqlite {}
 impl Dialect for Sqlite {
     type Statements = Statements;
 
-    fn statements(table: &str) -> Statements {
+    fn statements(table: &str, _durability: Durability) -> Statements {
         build_statements(table)
     }
 

@@ -152,8 +152,9 @@ impl TestBackend for Postgres {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET lock_timeout = '10s'".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter, {t}_ticket"),
+            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter, {t}_ticket, {t}_epoch"),
             format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq, {t}_ticket_seq"),
+            format!("DROP FUNCTION IF EXISTS {t}_new_epoch()"),
         ]
     }
 
