@@ -68,6 +68,7 @@ pub use error::{Error, LostReason, Result};
 pub use guard::LockGuard;
 pub use job::Job;
 pub use locker::{Holder, Locker, LockerBuilder};
+pub use migrate::MigrationScript;
 pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};
 pub use owner::Owner;
 pub use reaper::{LEAK_CHECK_LIMIT, LeakReport, LongHeld, ReaperConfig, ReaperHandle};

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
 use crate::metrics::{self, Kind};
+use crate::migrate::MigrationScript;
 use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
 use crate::stats::Stats;
 use crate::table::{ConnectOptions, LockTable};
@@ -458,6 +459,33 @@ impl<DB: Backend> Locker<DB> {
         self.core.shutdown().await;
     }
 
+    /// The SQL [`migrate`](Self::migrate) runs for this Locker's table, script by script
+    /// in order, for teams that apply schema changes with their own tool (Flyway,
+    /// Liquibase, sqlx-migrate) instead of calling `migrate` at start-up. Nothing is sent
+    /// to the database. Apply every script, each as one unit (they are idempotent); a
+    /// later dblock version may add scripts, which its release notes list. The scripts
+    /// create the lock table, `<table>_ticket` (fair mode), and per backend a fencing
+    /// sequence (`<table>_fencing_seq`, PostgreSQL), a counter table and triggers
+    /// (`<table>_fencing`, MySQL/MariaDB and SQLite), and for a relaxed table
+    /// `<table>_epoch` and `<table>_new_epoch()`; `migrate` itself
+    /// also keeps refinery's history in `<table>_history` (and on MySQL a
+    /// `<table>_migrating` claim table), which an external tool does not need.
+    /// `dblock migrate --print-sql` prints the same.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let locker = dblock::Locker::new(pool);
+    /// for script in locker.migration_sql() {
+    ///     println!("-- {}\n{}", script.name, script.sql);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn migration_sql(&self) -> Vec<MigrationScript> {
+        self.core.table.migration_sql()
+    }
+
     /// Creates or upgrades the lock table (refinery migrations, history in
     /// `<table>_history`). Safe to call from many processes at once: runs are serialized
     /// by a database lock, and a second run applies nothing. Returns how many migrations
@@ -474,8 +502,8 @@ impl<DB: Backend> Locker<DB> {
         self.core.table.migrate().await
     }
 
-    /// One attempt to take `key` for `lease`, in one statement on PostgreSQL and two on
-    /// MySQL and SQLite. Takes over a row whose lease has expired (by the database clock).
+    /// One attempt to take `key` for `lease`, in one statement on PostgreSQL and MariaDB
+    /// 10.5+, two on MySQL 8 and SQLite. Takes over a row whose lease has expired (by the database clock).
     /// `Ok(None)` when another owner holds a live lease, or lost the race in the same
     /// instant (duplicate key, deadlock, busy): losing is never an error.
     ///

@@ -58,28 +58,60 @@ impl<DB: Backend> AsyncQuery<Vec<Migration>> for Adapter<'_, DB> {
 
 impl<DB: Backend> AsyncMigrate for Adapter<'_, DB> {}
 
+/// One migration script as [`migrate`](crate::Locker::migrate) runs it, for a team that
+/// applies schema changes with its own tool
+/// ([`Locker::migration_sql`](crate::Locker::migration_sql)).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dblock::Error> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let locker = dblock::Locker::new(pool);
+/// let scripts = locker.migration_sql();
+/// assert_eq!(scripts[0].name, "V1__distributed_lock.sql");
+/// assert!(scripts[0].sql.contains("CREATE TABLE IF NOT EXISTS distributed_lock"));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MigrationScript {
+    /// The file name refinery records in `<table>_history` (`V1__distributed_lock.sql`).
+    pub name: String,
+    /// The SQL, the table name filled in: several statements, run as one script (on
+    /// MySQL/MariaDB a trigger's body holds semicolons of its own).
+    pub sql: String,
+}
+
+/// The scripts for `table`, in order. A relaxed table's create its tables `UNLOGGED` and
+/// add the dialect's relaxed-only steps; the durable scripts are the same text as they
+/// always were (refinery checksums it).
+pub(crate) fn scripts<DB: Backend>(table: &str, durability: Durability) -> Vec<MigrationScript> {
+    let (unlogged, extra): (&str, &[(&str, &str)]) = match durability {
+        Durability::Relaxed => ("UNLOGGED ", DB::RELAXED_MIGRATIONS),
+        _ => ("", &[]),
+    };
+    DB::MIGRATIONS
+        .iter()
+        .chain(extra)
+        .map(|(name, template)| MigrationScript {
+            name: (*name).to_owned(),
+            sql: template
+                .replace("{table}", table)
+                .replace("{unlogged}", unlogged),
+        })
+        .collect()
+}
+
 /// Applies the pending migrations for `table`, serialized across processes by the
-/// dialect's migration lock; returns how many were applied. A relaxed table's scripts
-/// create its tables `UNLOGGED` and add the dialect's relaxed-only steps; the durable
-/// scripts are the same text as they always were (refinery checksums it).
+/// dialect's migration lock; returns how many were applied.
 pub(crate) async fn run<DB: Backend>(
     pool: &Pool<DB>,
     table: &str,
     durability: Durability,
 ) -> Result<usize> {
-    let (unlogged, extra): (&str, &[(&str, &str)]) = match durability {
-        Durability::Relaxed => ("UNLOGGED ", DB::RELAXED_MIGRATIONS),
-        _ => ("", &[]),
-    };
-    let migrations = DB::MIGRATIONS
+    let migrations = scripts::<DB>(table, durability)
         .iter()
-        .chain(extra)
-        .map(|(name, template)| {
-            let script = template
-                .replace("{table}", table)
-                .replace("{unlogged}", unlogged);
-            Migration::unapplied(name, &script)
-        })
+        .map(|script| Migration::unapplied(&script.name, &script.sql))
         .collect::<Result<Vec<_>, _>>()?;
     let mut runner = Runner::new(&migrations);
     runner.set_migration_table_name(format!("{table}_history"));

@@ -675,6 +675,11 @@ impl<DB: Backend> LockTable<DB> {
         Ok(())
     }
 
+    /// The scripts [`migrate`](Self::migrate) runs, for this table and durability.
+    pub(crate) fn migration_sql(&self) -> Vec<crate::migrate::MigrationScript> {
+        crate::migrate::scripts::<DB>(&self.name, self.durability)
+    }
+
     /// Creates or upgrades the table (refinery migrations). On a database that lives
     /// only as long as a connection to it (in-memory SQLite), first opens a connection of
     /// the table's own that keeps it alive for as long as this table object lives.

@@ -653,6 +653,59 @@ async fn unreachable_server_is_a_database_error() {
     }
 }
 
+/// `migrate --print-sql` prints every script under a comment naming it, for the table
+/// given, without connecting: no server behind the URL, and no SQLite file created.
+#[tokio::test]
+async fn print_sql_needs_no_database() {
+    let port = refusing_port();
+    let path =
+        std::env::temp_dir().join(format!("dblock-cli-{}.db", uuid::Uuid::new_v4().simple()));
+    let cases = [
+        (
+            format!("postgres://u@127.0.0.1:{port}/test"),
+            3,
+            "CREATE SEQUENCE IF NOT EXISTS locks_fencing_seq",
+        ),
+        (
+            format!("mysql://root@127.0.0.1:{port}/test"),
+            2,
+            "CREATE TRIGGER locks_fence_insert",
+        ),
+        (
+            format!("sqlite:{}", path.display()),
+            2,
+            "CREATE TRIGGER IF NOT EXISTS locks_fence_insert",
+        ),
+    ];
+    for (url, scripts, marker) in cases {
+        let run = dblock(
+            &[
+                "--database-url",
+                &url,
+                "--table",
+                "locks",
+                "migrate",
+                "--print-sql",
+            ],
+            None,
+        )
+        .await;
+        let sql = run.ok();
+        let headers = sql.matches("-- dblock migration V").count();
+        assert_eq!(headers, scripts, "{url}: {sql}");
+        assert!(
+            sql.contains("-- dblock migration V1__distributed_lock.sql"),
+            "{sql}"
+        );
+        assert!(sql.contains(marker), "{url}: {sql}");
+        assert!(
+            !sql.contains("{table}") && !sql.contains("{unlogged}"),
+            "{sql}"
+        );
+    }
+    assert!(!path.exists(), "--print-sql created the SQLite file");
+}
+
 /// SQLite: `migrate` creates the database file; other commands never do (a missing file
 /// is a typo, exit code 3).
 #[tokio::test]

@@ -78,6 +78,18 @@ macro_rules! run_statements {
             }
         }
 
+        fn run_script(
+            pool: &Pool<Self>,
+            sql: String,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+            async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(pool)
+                    .await?;
+                Ok(())
+            }
+        }
+
         fn exec(
             pool: &Pool<Self>,
             sql: String,

@@ -97,6 +97,12 @@ pub trait TestBackend: Backend {
         meanwhile: std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
     ) -> impl Future<Output = Result<(), (&'static str, dblock::Error)>> + Send + 'a;
 
+    /// Runs a script of several statements as one unit, as a migration tool would.
+    fn run_script(
+        pool: &Pool<Self>,
+        sql: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
     /// Runs one statement; the number of rows it affected.
     fn exec(
         pool: &Pool<Self>,

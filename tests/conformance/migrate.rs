@@ -59,3 +59,53 @@ pub async fn concurrent_migrations<DB: TestBackend>() {
     let guard = db.locker.try_acquire("k", LONG).await.unwrap().unwrap();
     guard.release().await.unwrap();
 }
+
+/// The scripts `migration_sql` prints, applied by another tool (here a plain client's
+/// `raw_sql`, each script as one unit) instead of `migrate`: dblock then locks on that
+/// table with no `migrate` call, fencing tokens included; and a later `migrate` applies
+/// the same scripts again harmlessly (they are idempotent).
+pub async fn printed_sql_applied_by_another_tool<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open_unmigrated().await else {
+        return;
+    };
+    let scripts = db.locker.migration_sql();
+    assert_eq!(scripts.len(), DB::MIGRATION_FILES);
+    assert!(scripts[0].name.starts_with("V1__"), "{:?}", scripts[0].name);
+    for script in &scripts {
+        assert!(
+            !script.sql.contains('{'),
+            "a placeholder left: {}",
+            script.sql
+        );
+        <DB as TestBackend>::run_script(&db.pool, script.sql.clone())
+            .await
+            .unwrap_or_else(|err| panic!("{}: {err}", script.name));
+    }
+    let first = db
+        .locker
+        .try_acquire("printed", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        db.locker
+            .try_acquire("printed", LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = db
+        .locker
+        .try_acquire("printed", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        second.fencing_token() > token,
+        "tokens rise on the printed schema"
+    );
+    second.release().await.unwrap();
+    assert_eq!(db.locker.migrate().await.unwrap(), DB::MIGRATION_FILES);
+}

@@ -66,6 +66,7 @@ macro_rules! conformance_suite {
             with_lock_returns_and_releases,
             migrate_is_rerunnable,
             concurrent_migrations,
+            printed_sql_applied_by_another_tool,
             holder_keeps_lock_three_leases_long,
             deleted_row_fires_lost,
             stolen_row_fires_lost,

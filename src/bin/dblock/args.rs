@@ -49,7 +49,12 @@ pub(crate) struct Cli {
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
     /// Create the lock table, or upgrade it; safe to run again (prints "up to date").
-    Migrate,
+    Migrate {
+        /// Print the SQL instead, script by script, without connecting (for Flyway,
+        /// Liquibase, sqlx-migrate...).
+        #[arg(long)]
+        print_sql: bool,
+    },
     /// List lock rows in key order (bytes), expired ones too, with relative times.
     List(ListArgs),
     /// One key's row: owner, fencing token, times.

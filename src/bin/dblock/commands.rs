@@ -40,7 +40,8 @@ pub(crate) async fn run<DB: Backend>(
     command: &Command,
 ) -> Result<Output, Failure> {
     match command {
-        Command::Migrate => migrate(locker).await,
+        Command::Migrate { print_sql: false } => migrate(locker).await,
+        Command::Migrate { print_sql: true } => Ok(print_sql(locker)),
         Command::List(args) => list(locker, args).await,
         Command::Show { key, json } => show(locker, key, *json).await,
         Command::Release { key, .. } => release(locker, key).await,
@@ -55,6 +56,20 @@ async fn migrate<DB: Backend>(locker: &Locker<DB>) -> Result<Output, Failure> {
         1 => format!("applied 1 migration to table {table:?}"),
         n => format!("applied {n} migrations to table {table:?}"),
     }))
+}
+
+/// The scripts `migrate` would run, each under a comment naming it; nothing is sent.
+pub(crate) fn print_sql<DB: Backend>(locker: &Locker<DB>) -> Output {
+    let mut stdout = String::new();
+    for script in locker.migration_sql() {
+        stdout.push_str(&format!(
+            "-- dblock migration {} (table {:?}): run as one script\n{}\n\n",
+            script.name,
+            locker.table(),
+            script.sql.trim_end()
+        ));
+    }
+    Output { stdout, note: None }
 }
 
 async fn list<DB: Backend>(locker: &Locker<DB>, args: &ListArgs) -> Result<Output, Failure> {

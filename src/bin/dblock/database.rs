@@ -97,7 +97,9 @@ pub(crate) async fn execute(cli: &Cli) -> Result<Output, Failure> {
             // Only migrate creates a database file: any other command on a path that is
             // not there is a typo, and an empty file would only hide it.
             let options = match cli.command {
-                Command::Migrate => options.create_if_missing(true),
+                Command::Migrate { print_sql: false } => options.create_if_missing(true),
+                // Nothing connects.
+                Command::Migrate { print_sql: true } => options,
                 _ => {
                     let file = options.get_filename();
                     let in_memory = url.contains(":memory:") || url.contains("mode=memory");
@@ -149,6 +151,9 @@ async fn session<DB: Backend>(pool: &Pool<DB>, shown: &str, cli: &Cli) -> Result
         .auto_renew(false)
         .listen(false)
         .build()?;
+    if let Command::Migrate { print_sql: true } = cli.command {
+        return Ok(commands::print_sql(&locker));
+    }
     // One connection up front: an unreachable server gets a message of its own, not
     // the first statement's pool timeout.
     let conn = pool
