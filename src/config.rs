@@ -279,6 +279,30 @@ pub(crate) fn validate_owner_prefix(prefix: &str) -> Result<()> {
     Ok(())
 }
 
+/// Longest host name part of a default owner prefix, in bytes.
+const HOST_PART_BYTES: usize = 20;
+
+/// The owner prefix a Locker uses unless told otherwise: `<host>:<pid>:`, this machine's
+/// short host name (up to the first `.`, at most 20 bytes of `[A-Za-z0-9_-]`, `host` when
+/// none can be read) and the process id, so an operator reading `dblock list` can tell
+/// which replica holds a lock. At most 32 bytes (20 + 1 + 10 + 1).
+pub(crate) fn default_owner_prefix() -> String {
+    let name = gethostname::gethostname();
+    let name = name.to_string_lossy();
+    let mut host: String = name
+        .split('.')
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .take(HOST_PART_BYTES)
+        .collect();
+    if host.is_empty() {
+        host.push_str("host");
+    }
+    format!("{host}:{}:", std::process::id())
+}
+
 /// Leases are sent to the database as whole microseconds.
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
@@ -287,6 +311,17 @@ pub(crate) fn micros(d: Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_owner_prefix_names_host_and_process() {
+        let prefix = default_owner_prefix();
+        assert!(validate_owner_prefix(&prefix).is_ok(), "{prefix:?}");
+        let parts: Vec<&str> = prefix.split(':').collect();
+        assert_eq!(parts.len(), 3, "{prefix:?}");
+        assert!(!parts[0].is_empty() && parts[0].len() <= HOST_PART_BYTES);
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert_eq!(parts[2], "");
+    }
 
     #[test]
     fn keys_at_the_boundaries() {

@@ -10,8 +10,9 @@ use sqlx::Pool;
 use crate::acquire::{self, Gate, Request};
 use crate::config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RELAXED_TABLE, DEFAULT_RENEW_INTERVAL,
-    DEFAULT_TABLE, Durability, MAX_LEASE, MIN_LEASE, RetryPolicy, validate_acquire, validate_key,
-    validate_lease, validate_owner_prefix, validate_range, validate_table_name,
+    DEFAULT_TABLE, Durability, MAX_LEASE, MIN_LEASE, RetryPolicy, default_owner_prefix,
+    validate_acquire, validate_key, validate_lease, validate_owner_prefix, validate_range,
+    validate_table_name,
 };
 use crate::core::{Core, Listen, Settings};
 use crate::dialect::Backend;
@@ -143,7 +144,7 @@ pub struct Holder {
 /// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
 /// let locker = Locker::builder(pool.clone())
 ///     .table("billing_lock") // default: distributed_lock
-///     .owner_prefix("billing-7f3:") // default: none
+///     .owner_prefix("billing-7f3:") // default: "<host>:<pid>:"
 ///     .default_lease(Duration::from_secs(10)) // default: 30 s
 ///     .build()?; // checks the options; touches no database
 /// locker.migrate().await?;
@@ -163,7 +164,8 @@ pub struct LockerBuilder<DB: Backend> {
     /// `None`: the default of the durability.
     table: Option<String>,
     durability: Durability,
-    owner_prefix: String,
+    /// `None`: not set, [`default_owner_prefix`] applies.
+    owner_prefix: Option<String>,
     retry: RetryPolicy,
     /// `None`: not set, the default applies.
     default_lease: Option<Duration>,
@@ -184,10 +186,14 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
-    /// Text put before the random part of every owner value, so operators can tell who
-    /// holds a lock (for example `"billing-7f3:"`). Default: empty. At most 32 bytes.
+    /// Text put before the random part of every owner value (32 hex digits of a random
+    /// UUID, which keeps owner values unguessable), so operators can tell who holds a
+    /// lock. Default: `"<host>:<pid>:"`, this machine's short host name (at most 20 bytes
+    /// of `[A-Za-z0-9_-]`) and the process id, as in `web-7f3c:4182:9c1d0e2f...`; give
+    /// your own (a service and replica name, say), or `""` for bare random values. At
+    /// most 32 bytes, no control characters.
     pub fn owner_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.owner_prefix = prefix.into();
+        self.owner_prefix = Some(prefix.into());
         self
     }
 
@@ -280,7 +286,8 @@ impl<DB: Backend> LockerBuilder<DB> {
                  name another"
             )));
         }
-        validate_owner_prefix(&self.owner_prefix)?;
+        let owner_prefix = self.owner_prefix.unwrap_or_else(default_owner_prefix);
+        validate_owner_prefix(&owner_prefix)?;
         self.retry.validate()?;
         let default_lease = self.default_lease.unwrap_or(DEFAULT_LEASE);
         validate_lease(default_lease)?;
@@ -311,7 +318,7 @@ impl<DB: Backend> LockerBuilder<DB> {
                     options: self.listener_options,
                 },
                 fair: self.fair,
-                owner_prefix: self.owner_prefix,
+                owner_prefix,
                 default_lease,
                 renew_interval,
             })),
@@ -383,7 +390,7 @@ impl<DB: Backend> Locker<DB> {
             pool,
             table: None,
             durability: Durability::Durable,
-            owner_prefix: String::new(),
+            owner_prefix: None,
             retry: RetryPolicy::default(),
             default_lease: None,
             renew_interval: None,

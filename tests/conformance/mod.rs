@@ -70,6 +70,7 @@ macro_rules! conformance_suite {
             holder_keeps_lock_three_leases_long,
             deleted_row_fires_lost,
             stolen_row_fires_lost,
+            default_owners_name_host_and_process,
             with_lock_is_cancelled_on_loss,
             short_outage_keeps_lease,
             long_outage_fires_lost,

@@ -175,3 +175,29 @@ pub async fn fencing_tokens_strictly_increase<DB: TestBackend>() {
     ));
     assert!(matches!(taker.release().await, Err(Error::NotHeld { .. })));
 }
+
+/// A Locker's default owner values say where the holder runs (`<host>:<pid>:`) before
+/// their random part; `owner_prefix("")` leaves the random part alone.
+pub async fn default_owners_name_host_and_process<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db.locker.try_acquire("who", LONG).await.unwrap().unwrap();
+    let parts: Vec<&str> = guard.owner().split(':').collect();
+    assert_eq!(parts.len(), 3, "{:?}", guard.owner());
+    assert!(!parts[0].is_empty(), "{:?}", guard.owner());
+    assert_eq!(parts[1], std::process::id().to_string());
+    assert!(parts[2].len() == 32 && parts[2].chars().all(|c| c.is_ascii_hexdigit()));
+    let holder = db.locker.holder("who").await.unwrap().unwrap();
+    assert_eq!(holder.owner, guard.owner(), "the row says the same");
+    guard.release().await.unwrap();
+
+    let bare = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .owner_prefix("")
+        .build()
+        .unwrap();
+    let guard = bare.try_acquire("who", LONG).await.unwrap().unwrap();
+    assert!(guard.owner().len() == 32 && guard.owner().chars().all(|c| c.is_ascii_hexdigit()));
+    guard.release().await.unwrap();
+}
