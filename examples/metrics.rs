@@ -13,12 +13,17 @@ use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Installed before the first lock call: dblock records into whatever recorder is
-    // installed, and describes its metrics (units, help texts) at the first one. Buckets
-    // make the two `_time` metrics Prometheus histograms (the default is a summary).
+    // installed, and describes its metrics (units, help texts) at the first one. The
+    // exporter renders a histogram as a summary (which cannot be aggregated across
+    // replicas) unless it is given buckets: these make dblock's two `_seconds` metrics
+    // Prometheus histograms (the README's recommended buckets).
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
-            Matcher::Suffix("_time".to_owned()),
-            &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0],
+            Matcher::Suffix("_seconds".to_owned()),
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 300.0,
+            ],
         )?
         .install_recorder()?;
 
@@ -70,6 +75,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     locker.shutdown().await;
     std::fs::remove_file(&path).ok();
 
-    println!("{}", handle.render());
+    let text = handle.render();
+    println!("{text}");
+    // Prometheus' conventions, as scraped: units in the names, `_total` on counters,
+    // histograms (with buckets) for the timings.
+    for (name, kind) in [
+        ("distributed_lock_acquire_duration_seconds", "histogram"),
+        ("distributed_lock_hold_duration_seconds", "histogram"),
+        ("distributed_lock_failures_total", "counter"),
+        ("distributed_lock_renewals_total", "counter"),
+        ("distributed_lock_held", "gauge"),
+        ("distributed_lock_waiters", "gauge"),
+    ] {
+        let declared = format!("# TYPE {name} {kind}");
+        assert!(text.contains(&declared), "missing `{declared}` in:\n{text}");
+    }
+    assert!(text.contains("distributed_lock_acquire_duration_seconds_bucket{"));
     Ok(())
 }

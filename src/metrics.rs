@@ -41,17 +41,17 @@ use tracing::{Instrument, Span};
 use crate::error::{Error, LostReason, Result};
 
 /// Histogram, seconds: from the call of `try_acquire` / `acquire` to its outcome.
-pub(crate) const ACQUIRE_TIME: &str = "distributed_lock_acquire_time";
+pub(crate) const ACQUIRE_TIME: &str = "distributed_lock_acquire_duration_seconds";
 /// Counter: timeouts, lost leases and acquisition errors, by `reason`.
-pub(crate) const FAILURE_COUNT: &str = "distributed_lock_failure_count";
+pub(crate) const FAILURE_COUNT: &str = "distributed_lock_failures_total";
 /// Histogram, seconds: from a lease's acquisition to its release or loss.
-pub(crate) const HOLD_TIME: &str = "distributed_lock_hold_time";
+pub(crate) const HOLD_TIME: &str = "distributed_lock_hold_duration_seconds";
 /// Gauge: leases held by this process.
 pub(crate) const HELD: &str = "distributed_lock_held";
 /// Gauge: callers waiting in `acquire`.
 pub(crate) const WAITERS: &str = "distributed_lock_waiters";
 /// Counter: leases renewed (by the lease engine, and `LockGuard::extend`).
-pub(crate) const RENEWALS: &str = "distributed_lock_renewals";
+pub(crate) const RENEWALS: &str = "distributed_lock_renewals_total";
 /// Gauge: leases held longer than the leak check's threshold.
 pub(crate) const LONG_HELD: &str = "distributed_lock_long_held";
 

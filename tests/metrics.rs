@@ -21,12 +21,12 @@ use tracing::Instrument;
 use common::{TestBackend, TestDb, wait_until};
 use record::{Metrics, SpanRecord, labels};
 
-const ACQUIRE_TIME: &str = "distributed_lock_acquire_time";
-const FAILURE_COUNT: &str = "distributed_lock_failure_count";
-const HOLD_TIME: &str = "distributed_lock_hold_time";
+const ACQUIRE_TIME: &str = "distributed_lock_acquire_duration_seconds";
+const FAILURE_COUNT: &str = "distributed_lock_failures_total";
+const HOLD_TIME: &str = "distributed_lock_hold_duration_seconds";
 const HELD: &str = "distributed_lock_held";
 const WAITERS: &str = "distributed_lock_waiters";
-const RENEWALS: &str = "distributed_lock_renewals";
+const RENEWALS: &str = "distributed_lock_renewals_total";
 
 /// A lease that never runs out during a case.
 const LONG: Duration = Duration::from_secs(30);
