@@ -60,6 +60,13 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    /// Whether Redis ran in this comparison (at its place, [`REDIS`]).
+    fn has_redis(&self) -> bool {
+        self.names
+            .get(REDIS)
+            .is_some_and(|n| n.starts_with("Redis"))
+    }
+
     fn throughput(&self, who: usize) -> f64 {
         median(self.rounds[who].iter().map(Load::per_sec))
     }
@@ -405,8 +412,7 @@ fn redis_markdown(comparisons: &[Comparison], have_redis: bool) -> String {
         "dblock / Redis",
         "hand-written / Redis",
     ]);
-    let has_redis = |c: &&Comparison| c.names.get(REDIS).is_some_and(|n| n.starts_with("Redis"));
-    for c in comparisons.iter().filter(has_redis) {
+    for c in comparisons.iter().filter(|c| c.has_redis()) {
         let (d, ds) = c.ratio(DBLOCK, REDIS);
         let (h, hs) = c.ratio(HAND, REDIS);
         table.row(vec![
@@ -449,7 +455,7 @@ fn relaxed_markdown(comparisons: &[Comparison]) -> String {
         };
         rows += 1;
         let (d, ds) = c.ratio(fast, DBLOCK);
-        let versus_redis = if c.names.get(REDIS).is_some_and(|n| n.starts_with("Redis")) {
+        let versus_redis = if c.has_redis() {
             let (r, rs) = c.ratio(fast, REDIS);
             format!("{} {}", ratio(r, rs), verdict(r >= RELAXED_VS_REDIS))
         } else {

@@ -56,28 +56,21 @@ ON CONFLICT (lock_key) DO UPDATE
  WHERE held.expire_time <= clock_timestamp()
 RETURNING fencing_token, expire_time";
 
-// A relaxed (UNLOGGED) table's acquisition: ACQUIRE, drawing its token only once the
+// A relaxed (UNLOGGED) table's acquisition is ACQUIRE drawing its token only once the
 // token sequence has been moved past whatever the server handed out before its last start
 // (V4__relaxed_epoch.sql): a crash empties the table, and a token drawn in a transaction
-// that wrote no WAL of its own may be drawn again after crash recovery. The one-row epoch
-// read costs a primary-key lookup; the function runs once per server start.
-const ACQUIRE_RELAXED: &str = "\
-WITH serialize AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0)),
+// that wrote no WAL of its own may be drawn again after crash recovery. This check joins
+// the advisory lock in ACQUIRE's first step, so it runs before the draw; the one-row
+// epoch read costs a primary-key lookup, the function runs once per server start.
+const SERIALIZE: &str = "SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))";
+const EPOCH_CHECK: &str = ",
            (SELECT started FROM {table}_epoch) = pg_postmaster_start_time()
-           OR {table}_new_epoch()
-)
-INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
-SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
-       nextval('{table}_fencing_seq'), clock_timestamp()
-  FROM serialize
-ON CONFLICT (lock_key) DO UPDATE
-   SET lock_value = EXCLUDED.lock_value,
-       expire_time = EXCLUDED.expire_time,
-       fencing_token = EXCLUDED.fencing_token,
-       acquired_at = EXCLUDED.acquired_at
- WHERE held.expire_time <= clock_timestamp()
-RETURNING fencing_token, expire_time";
+           OR {table}_new_epoch()";
+
+/// ACQUIRE for a relaxed table: the epoch check beside the advisory lock.
+fn relaxed_acquire() -> String {
+    ACQUIRE.replacen(SERIALIZE, &format!("{SERIALIZE}{EPOCH_CHECK}"), 1)
+}
 
 // Which of a table's relations are unlogged ('u') or logged ('p'): the lock table's.
 const PERSISTENCE: &str = "SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)";
@@ -223,7 +216,7 @@ impl Dialect for Postgres {
     fn statements(table: &str, durability: Durability) -> Statements {
         let mut statements = build_statements(table);
         if durability == Durability::Relaxed {
-            statements.acquire = sql(ACQUIRE_RELAXED, table);
+            statements.acquire = sql(&relaxed_acquire(), table);
         }
         statements
     }
@@ -569,3 +562,17 @@ SELECT fencing_token FROM {table}
  WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
    AND expire_time > clock_timestamp()
    FOR SHARE";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relaxed_acquisition_checks_the_epoch_before_the_draw() {
+        let relaxed = relaxed_acquire();
+        let check = relaxed.find("_new_epoch()").expect("the epoch check is in");
+        let draw = relaxed.find("nextval(").expect("the token draw");
+        assert!(check < draw, "{relaxed}");
+        assert_eq!(relaxed.replacen(EPOCH_CHECK, "", 1), ACQUIRE);
+    }
+}

@@ -81,27 +81,12 @@ pub async fn printed_sql_applied_by_another_tool<DB: TestBackend>() {
             .await
             .unwrap_or_else(|err| panic!("{}: {err}", script.name));
     }
-    let first = db
-        .locker
-        .try_acquire("printed", LONG)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        db.locker
-            .try_acquire("printed", LONG)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let take = async || db.locker.try_acquire("printed", LONG).await.unwrap();
+    let first = take().await.expect("a free key");
+    assert!(take().await.is_none(), "held");
     let token = first.fencing_token();
     first.release().await.unwrap();
-    let second = db
-        .locker
-        .try_acquire("printed", LONG)
-        .await
-        .unwrap()
-        .unwrap();
+    let second = take().await.expect("released");
     assert!(
         second.fencing_token() > token,
         "tokens rise on the printed schema"
