@@ -3,10 +3,11 @@
 //! sqlx always sets `CLIENT_FOUND_ROWS`, so an upsert's row count cannot tell a win from a
 //! loss. Acquire is therefore an upsert that inserts, or takes over an expired row, and a
 //! read of the row's owner (ours means we won): on MariaDB 10.5+ one statement, the upsert
-//! with `RETURNING`; on MySQL 8, which has no `RETURNING`, a `SELECT` after it on the same
-//! connection. Which one a server takes is asked once per lock table
-//! ([`LockSql::upsert_returns`]: `SELECT VERSION()`). Fencing tokens come from the
-//! triggers of the migration. `UPDATE` has no `RETURNING` here, so
+//! with `RETURNING`; on MySQL 8, which has no `RETURNING`, and on MariaDB Galera (a commit
+//! refused after the returned row is an error packet sqlx cannot read there), a `SELECT`
+//! after it on the same connection. Which one is asked once per lock table
+//! ([`LockSql::upsert_returns`]: `SELECT VERSION()`, and `wsrep_on`). Fencing tokens come
+//! from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
 //! in the OK packet: one statement, and the database's own arithmetic.
 
@@ -281,12 +282,18 @@ impl LockSql for MySql {
         upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         let row: Option<(String, i64, DateTime<Utc>)> = if upsert_returns {
-            sqlx::query_as(audited(&sql.acquire_returning))
-                .bind(key)
-                .bind(owner)
-                .bind(lease_micros)
-                .fetch_optional(conn)
-                .await?
+            // Read to the end, not to the first row: the row comes before the statement
+            // commits, and whatever follows it must be read now (a `fetch_optional` left
+            // it for the connection's next user). Not used where a commit can be refused
+            // after the row (Galera's certification: see LockTable::upsert_returns_on).
+            let rows: Vec<(String, i64, DateTime<Utc>)> =
+                sqlx::query_as(audited(&sql.acquire_returning))
+                    .bind(key)
+                    .bind(owner)
+                    .bind(lease_micros)
+                    .fetch_all(conn)
+                    .await?;
+            rows.into_iter().next()
         } else {
             sqlx::query(audited(&sql.acquire))
                 .bind(key)
