@@ -510,7 +510,7 @@ impl<DB: Backend> Locker<DB> {
     }
 
     /// One attempt to take `key` for `lease`, in one statement on PostgreSQL and MariaDB
-    /// 10.5+, two on MySQL 8 and SQLite. Takes over a row whose lease has expired (by the database clock).
+    /// 10.5+, two on MySQL 8, MariaDB Galera and SQLite. Takes over a row whose lease has expired (by the database clock).
     /// `Ok(None)` when another owner holds a live lease, or lost the race in the same
     /// instant (duplicate key, deadlock, busy): losing is never an error.
     ///
