@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio::time::{Instant, sleep};
 
 use crate::config::RetryPolicy;
@@ -25,7 +25,7 @@ use crate::dialect::{Acquired, Backend, LockId};
 use crate::error::{Error, Result};
 use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
-use crate::line::Line;
+use crate::line::{Line, Offer, Terms};
 use crate::queue::Fifo;
 use crate::retry::{Backoff, Retry, by_deadline, retry};
 use crate::stats::Counters;
@@ -327,10 +327,15 @@ pub(crate) async fn attempt_all<DB: Backend>(
 /// Calls `attempt` until it wins or `wait` has passed (holding no connection while it
 /// waits), in the Locker's line for `key`: the local FIFO queue, or fair mode's tickets.
 /// A database error ends the wait at once: an outage is not contention.
+///
+/// With an `offer` (a plain mutex waiter's lease terms), the head of the local
+/// queue asks a release of `key` through this Locker to hand it the row in the release's
+/// own statement (where the backend can: `LockSql::hand_off`) while it sleeps.
 pub(crate) async fn wait_for<DB: Backend, F>(
     core: &Core<DB>,
     key: &str,
     wait: Duration,
+    offer: Option<Terms>,
     attempt: impl FnMut(Option<i64>) -> F,
 ) -> Result<Arc<Lease>>
 where
@@ -340,9 +345,12 @@ where
         // Boxed: the rarer mode's state would otherwise grow every waiter's future.
         Some(fair) => {
             fair.check_order().await?;
-            Box::pin(wait_in(core, &fair, key, key, wait, attempt)).await
+            Box::pin(wait_in(core, &fair, key, key, wait, None, attempt)).await
         }
-        None => wait_in(core, &Fifo(&core.queues), key, key, wait, attempt).await,
+        None => {
+            let offer = offer.filter(|_| core.table.hands_off());
+            wait_in(core, &Fifo(&core.queues), key, key, wait, offer, attempt).await
+        }
     }
 }
 
@@ -372,7 +380,7 @@ where
     {
         return Ok(won);
     }
-    wait_in(core, &Fifo(&core.queues), queue, note, wait, attempt).await
+    wait_in(core, &Fifo(&core.queues), queue, note, wait, None, attempt).await
 }
 
 /// The waiting loop. A waiter whose turn it is attempts; after a lost attempt it asks the
@@ -381,12 +389,16 @@ where
 /// then sleeps until the holder's lease ends or its backoff runs out, whichever is sooner:
 /// the fallback when no wake-up comes. A waiter whose turn came because the one ahead won
 /// waits for that release, without an attempt that must fail. A zero wait is one attempt.
+/// While it sleeps, a waiter with an `offer` that may attempt stands it (see
+/// [`wait_for`]); it withdraws it when it wakes, and wins with the lease a release sent if
+/// that release took it first.
 async fn wait_in<DB: Backend, F>(
     core: &Core<DB>,
     line: &dyn Line,
     key: &str,
     note: &str,
     wait: Duration,
+    offer: Option<Terms>,
     mut attempt: impl FnMut(Option<i64>) -> F,
 ) -> Result<Arc<Lease>>
 where
@@ -400,6 +412,8 @@ where
     // Whether the next turn starts with an attempt: not while the key is held by the
     // waiter that was ahead (its release says when).
     let mut try_now = true;
+    // The offer this waiter stands while it sleeps, once it had to.
+    let mut standing: Option<Arc<Offer>> = None;
     loop {
         let turn = place.may_attempt();
         let pause = if (turn && try_now) || (wait.is_zero() && attempts == 0) {
@@ -429,16 +443,65 @@ where
         } else {
             break;
         };
+        let mut handed = offer.and_then(|terms| {
+            let standing = standing.get_or_insert_with(|| {
+                Arc::new(Offer {
+                    owner: core.new_owner(),
+                    terms,
+                })
+            });
+            let receiver = place.offer(standing)?;
+            Some(HandedTo { receiver, core })
+        });
         try_now = tokio::select! {
             held_ahead = place.signalled() => !held_ahead,
             _ = sleep(pause) => true,
+            lease = async { (&mut handed.as_mut().expect("offered").receiver).await }, if handed.is_some() => {
+                handed = None;
+                match lease {
+                    Ok(lease) => return Ok(place.won(lease).await),
+                    // The release took the offer but did not hand the row over (a waiter
+                    // elsewhere, an expired lease, a failed statement): it woke this
+                    // waiter too. The next offer gets an owner value of its own.
+                    Err(_) => {
+                        standing = None;
+                        true
+                    }
+                }
+            }
         };
+        // Woken otherwise: a release that took the offer meanwhile answers on the channel
+        // (at once: the statement is already in flight).
+        if let Some(mut handed) = handed
+            && !place.withdraw()
+        {
+            match (&mut handed.receiver).await {
+                Ok(lease) => return Ok(place.won(lease).await),
+                Err(_) => standing = None,
+            }
+        }
         if Instant::now() >= deadline && !place.may_attempt() {
             break;
         }
     }
     drop(place);
     Err(timed_out(core, key, note, started, attempts).await)
+}
+
+/// The receiving end of a standing offer. Dropped with a lease in it (the waiter went away
+/// after a release handed it the row, before it looked), it releases that lease in the
+/// background: the release could not know, and nobody else holds the row.
+struct HandedTo<'c, DB: Backend> {
+    receiver: oneshot::Receiver<Arc<Lease>>,
+    core: &'c Core<DB>,
+}
+
+impl<DB: Backend> Drop for HandedTo<'_, DB> {
+    fn drop(&mut self) {
+        if let Ok(lease) = self.receiver.try_recv() {
+            self.core.engine.release_in_background(lease);
+        }
+    }
 }
 
 /// The [`Error::Timeout`] of a wait for `key` that started at `started`.

@@ -244,11 +244,17 @@ impl<DB: Backend> Election<DB> {
         let key = self.key();
         let core = &self.locker.core;
         loop {
-            let won = Box::pin(acquire::wait_for(core, &key, MAX_WAIT, async |ticket| {
-                self.locker
-                    .attempt(&key, &owner, lease, ticket, &mut None)
-                    .await
-            }))
+            let won = Box::pin(acquire::wait_for(
+                core,
+                &key,
+                MAX_WAIT,
+                None,
+                async |ticket| {
+                    self.locker
+                        .attempt(&key, &owner, lease, ticket, &mut None)
+                        .await
+                },
+            ))
             .await;
             match won {
                 Ok(lease) => {

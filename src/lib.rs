@@ -100,7 +100,7 @@ pub struct ReadmeDoctests;
 /// alone). Not part of the API: may change in any release.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::dialect::{Acquired, LockSql, TxSql};
+    pub use crate::dialect::{Acquired, HandOff, LockSql, TxSql};
 
     /// The lock-table access layer on its own: the statements dblock sends, without the
     /// lock algorithm around them.

@@ -13,6 +13,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
 
 use crate::error::Result;
 use crate::lease::Lease;
@@ -21,6 +24,31 @@ use crate::lease::Lease;
 /// its type (a future returned by a trait method otherwise hides it from the waiting
 /// loop's callers, which then cannot be spawned).
 pub(crate) type Step<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a waiter at the head of its Locker's queue asks a release of its key through that
+/// Locker to do: give the row to this owner value for this lease in the release's own
+/// statement, and send the won lease (see `Engine::release`).
+///
+/// Its owner value is its own, not the one the waiter's attempts use: a handoff whose
+/// statement failed may have committed, and its row is then removed in the background by
+/// this owner value, which is never offered again.
+pub(crate) struct Offer {
+    pub(crate) owner: String,
+    pub(crate) terms: Terms,
+}
+
+/// The lease a plain mutex waiter asks for: what a release that hands it the row writes.
+#[derive(Clone, Copy)]
+pub(crate) struct Terms {
+    pub(crate) lease: Duration,
+    /// Renew every this often; `None`: no renewal.
+    pub(crate) renew: Option<Duration>,
+}
+
+/// Where a release that took an [`Offer`] sends the lease it won for the waiter. Dropped
+/// without a send, it tells the waiter that the row was not handed over: it attempts on
+/// its own (the release woke it as any release does).
+pub(crate) type Handed = oneshot::Sender<Arc<Lease>>;
 
 /// A way for waiters to line up for a key.
 pub(crate) trait Line: Sync {
@@ -51,4 +79,17 @@ pub(crate) trait Place<'a>: Send {
     /// wait for its release rather than attempt). A signal sent while nobody was
     /// listening is kept for the next call.
     fn signalled(&self) -> Step<'_, bool>;
+
+    /// Stands this waiter's offer (the head of the local queue only; other lines have no
+    /// handoffs): until it is withdrawn, a release of the key through this Locker may
+    /// take it and send the won lease to the receiver. `None` when not offered.
+    fn offer(&self, _offer: &Arc<Offer>) -> Option<oneshot::Receiver<Arc<Lease>>> {
+        None
+    }
+
+    /// Withdraws the offer stood by [`offer`](Self::offer): `false` when a release took it
+    /// already, whose answer the receiver gives (the lease, or a closed channel).
+    fn withdraw(&self) -> bool {
+        true
+    }
 }

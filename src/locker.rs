@@ -19,6 +19,7 @@ use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
+use crate::line::Terms;
 use crate::metrics::{self, Kind};
 use crate::migrate::MigrationScript;
 use crate::reaper::{ReaperConfig, ReaperHandle, reap_all};
@@ -557,11 +558,21 @@ impl<DB: Backend> Locker<DB> {
     ) -> Result<LockGuard<DB>> {
         validate_acquire(key, lease, wait)?;
         let owner = self.core.new_owner();
+        // A release of the key through this Locker may hand the row to this waiter in its
+        // own statement, written for this lease.
+        let offer = Terms {
+            lease,
+            renew: self.renew_every(lease),
+        };
         // Boxed: the metrics wrapper and its span each hold the future they are given by
         // value, so an unboxed one is stored (and copied) once per layer.
-        let won = Box::pin(acquire::wait_for(&self.core, key, wait, async |ticket| {
-            self.attempt(key, &owner, lease, ticket, &mut None).await
-        }));
+        let won = Box::pin(acquire::wait_for(
+            &self.core,
+            key,
+            wait,
+            Some(offer),
+            async |ticket| self.attempt(key, &owner, lease, ticket, &mut None).await,
+        ));
         let won = metrics::acquire(&self.core.metrics, Kind::Mutex, key, wait, won).await?;
         Ok(self.guard(won))
     }

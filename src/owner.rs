@@ -145,7 +145,7 @@ impl<DB: Backend> Owner<DB> {
                 return Ok(nested);
             }
             let attempt = async |ticket| self.attempt(key, lease, ticket).await;
-            acquire::wait_for(core, key, wait, attempt).await
+            acquire::wait_for(core, key, wait, None, attempt).await
         });
         let won = metrics::acquire(&core.metrics, Kind::Mutex, key, wait, won).await?;
         Ok(self.locker.guard(won))

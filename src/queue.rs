@@ -1,20 +1,24 @@
 //! Local waiting queues: the waiters of one Locker for one key, in arrival order. Only
 //! the head of a queue sends acquisition attempts; a release of that key through the
-//! same Locker hands the head its turn at once (it still acquires through the database,
-//! so other processes are never bypassed), and a waiter that leaves (timed out,
+//! same Locker hands the head its turn at once, and a waiter that leaves (timed out,
 //! cancelled) hands the turn to the one behind it. A waiter that leaves because it won
 //! hands the turn on too, but says the key is held: the one behind waits for the release
 //! instead of sending an attempt that must fail.
+//!
+//! On PostgreSQL a sleeping mutex head also stands an offer (`take_offer`): a release
+//! through the same Locker gives it the row in the release's own statement, unless a
+//! waiter of another process marked the row, whose release then deletes it and wakes
+//! that process (so local waiters never pass another process that waits).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use crate::error::Result;
 use crate::lease::Lease;
-use crate::line::{self, Line, Step};
+use crate::line::{self, Handed, Line, Offer, Step};
 use crate::metrics::{self, TableMetrics};
 
 /// Marks the rows of a coordination primitive: a semaphore's permits, a read-write
@@ -45,6 +49,9 @@ struct Waiter {
     turn: Turn,
     /// Fair mode: every waiter tries on a release (tickets order them), not only the head.
     fair: bool,
+    /// The head's standing offer to be handed the row by the next release (see
+    /// [`LocalQueues::take_offer`]).
+    offer: Option<(Arc<Offer>, Handed)>,
 }
 
 /// How a waiter is told to look again.
@@ -110,6 +117,7 @@ impl LocalQueues {
             id,
             turn: turn.clone(),
             fair,
+            offer: None,
         });
         // Counted before the waiter's first attempt, which reads the row: a release that
         // deleted the row after that read counts it (SeqCst) and wakes it.
@@ -145,6 +153,22 @@ impl LocalQueues {
             woke |= !queue.is_empty();
         }
         woke
+    }
+
+    /// Takes the offer of `key`'s head waiter, for a release of `key` through this Locker
+    /// to hand it the row. None while the head stands none (it is attempting, or has
+    /// not asked yet), and none while waiters of the key's group wait too (a semaphore's
+    /// or a read-write lock's: a release of a member wakes them, which a handoff would
+    /// not).
+    pub(crate) fn take_offer(&self, key: &str) -> Option<(Arc<Offer>, Handed)> {
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let mut keys = self.keys();
+        if group_of(key).is_some_and(|group| keys.contains_key(group)) {
+            return None;
+        }
+        keys.get_mut(key)?.front_mut()?.offer.take()
     }
 
     /// The head of `group`'s queue looks again: a member of the group was won by the
@@ -187,6 +211,27 @@ impl QueuePlace<'_> {
     pub(crate) async fn next_turn(&self) -> bool {
         self.turn.wake.notified().await;
         self.turn.held.swap(false, Ordering::AcqRel)
+    }
+
+    /// Stands `offer` for this waiter if it is the head (replacing one it stood before).
+    pub(crate) fn stand_offer(&self, offer: &Arc<Offer>) -> Option<oneshot::Receiver<Arc<Lease>>> {
+        let mut keys = self.queues.keys();
+        let head = keys.get_mut(&self.key)?.front_mut()?;
+        if head.id != self.id || head.fair {
+            return None;
+        }
+        let (handed, receiver) = oneshot::channel();
+        head.offer = Some((Arc::clone(offer), handed));
+        Some(receiver)
+    }
+
+    /// Takes this waiter's offer back: `false` when a release took it first.
+    pub(crate) fn withdraw_offer(&self) -> bool {
+        let mut keys = self.queues.keys();
+        let mine = keys
+            .get_mut(&self.key)
+            .and_then(|queue| queue.iter_mut().find(|waiter| waiter.id == self.id));
+        mine.is_some_and(|waiter| waiter.offer.take().is_some())
     }
 
     /// Leaves the queue because this waiter won: the one behind is told the key is held.
@@ -249,6 +294,14 @@ impl<'a> line::Place<'a> for QueuePlace<'a> {
 
     fn signalled(&self) -> Step<'_, bool> {
         Box::pin(self.next_turn())
+    }
+
+    fn offer(&self, offer: &Arc<Offer>) -> Option<oneshot::Receiver<Arc<Lease>>> {
+        self.stand_offer(offer)
+    }
+
+    fn withdraw(&self) -> bool {
+        self.withdraw_offer()
     }
 }
 

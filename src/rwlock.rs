@@ -349,7 +349,7 @@ impl<DB: Backend> RwLock<DB> {
         let owner = self.locker.core.new_owner();
         let key = self.writer_key();
         let core = &self.locker.core;
-        let writer = Box::pin(acquire::wait_for(core, &key, wait, async |ticket| {
+        let writer = Box::pin(acquire::wait_for(core, &key, wait, None, async |ticket| {
             self.locker
                 .attempt(&key, &owner, lease, ticket, &mut None)
                 .await

@@ -50,6 +50,10 @@ pub struct Stats {
     pub lost: u64,
     /// Expired rows deleted by [`reap_expired`](crate::Locker::reap_expired) and reapers.
     pub reaped: u64,
+    /// Releases that handed their row straight to the next waiter of this locker in the
+    /// same statement (PostgreSQL): each is also counted in `released` and `acquired`, and
+    /// the waiter sent no attempt for it.
+    pub handoffs: u64,
     /// Releases in other processes (or other Lockers) that the listener heard and that
     /// woke a waiter of this locker (PostgreSQL).
     pub wakeups: u64,
@@ -69,6 +73,7 @@ pub(crate) struct Counters {
     pub(crate) release_batches: AtomicU64,
     pub(crate) lost: AtomicU64,
     pub(crate) reaped: AtomicU64,
+    pub(crate) handoffs: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) listener_connects: AtomicU64,
 }
@@ -89,6 +94,7 @@ impl Counters {
             release_batches: self.release_batches.load(Relaxed),
             lost: self.lost.load(Relaxed),
             reaped: self.reaped.load(Relaxed),
+            handoffs: self.handoffs.load(Relaxed),
             wakeups: self.wakeups.load(Relaxed),
             listener_connects: self.listener_connects.load(Relaxed),
         }

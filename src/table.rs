@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
-    Acquired, Backend, Contention, Inspected, ListQuery, Listed, ListenerOptions, LockId,
+    Acquired, Backend, Contention, HandOff, Inspected, ListQuery, Listed, ListenerOptions, LockId,
     ReleasedRow, Releases, Renewal, RowState, WriteGate,
 };
 use crate::error::{Error, Result};
@@ -370,6 +370,39 @@ impl<DB: Backend> LockTable<DB> {
             DB::release(&mut conn, &self.sql, id).await
         })
         .await
+    }
+
+    /// Whether a release may hand its row to a waiter in one statement
+    /// ([`hand_off`](Self::hand_off)) on this backend.
+    pub(crate) fn hands_off(&self) -> bool {
+        DB::HANDS_OFF
+    }
+
+    /// The release that gives our live row to `to_owner` for `lease` in one statement
+    /// where the backend can ([`LockSql::hand_off`]), or deletes it as
+    /// [`release`](Self::release) does (a waiter elsewhere marked it, the lease had run
+    /// out); when that statement changed nothing, the plain release says what happened.
+    /// Sent again while another session is in the way, until `until`: the statement
+    /// checks owner and token, so a repeat cannot take anything twice.
+    pub(crate) async fn hand_off(
+        &self,
+        from: LockId<'_>,
+        to_owner: &str,
+        lease: Duration,
+        until: Instant,
+    ) -> Result<HandOff> {
+        let handed = self
+            .contended_until(until, |mut conn| async move {
+                DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease)).await
+            })
+            .await?;
+        if let Some(handed) = handed {
+            return Ok(handed);
+        }
+        Ok(match self.release(from, until).await? {
+            Some(expired) => HandOff::Released { expired },
+            None => HandOff::NotOurs,
+        })
     }
 
     /// Runs `call` as [`run`](Self::run) does, and again after a pause while another

@@ -47,7 +47,7 @@ pub use portable::SqlValue;
     allow(unused_imports)
 )] // SQLite has no FOR UPDATE
 pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
-pub use rows::{Acquired, LockId};
+pub use rows::{Acquired, HandOff, LockId};
 pub(crate) use rows::{
     Inspected, ListQuery, Listed, ListenerOptions, Released, ReleasedRow, Releases, Renewal,
     RowState,
@@ -134,6 +134,29 @@ pub trait LockSql: Dialect {
         sql: &Self::Statements,
         lock: LockId<'_>,
     ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send;
+
+    /// Whether [`hand_off`](Self::hand_off) is this dialect's (PostgreSQL): a release
+    /// may then give its row to the next waiter of its Locker in one statement.
+    const HANDS_OFF: bool = false;
+
+    /// The owner- and token-checked release that gives our live row to `to_owner` (a
+    /// waiter of the same Locker) in one statement, with a fencing token drawn as an
+    /// acquisition draws it and an expiry `lease_micros` from now by the database clock;
+    /// unless a waiter elsewhere marked the row (`NotifySql::note_waiter`) or the lease
+    /// has run out: then the row is deleted as [`release`](Self::release) deletes it,
+    /// waking that waiter. `Ok(None)` when the statement changed nothing (the row is not
+    /// ours, or changed while the statement ran): send [`release`](Self::release) to
+    /// find out. Only where [`HANDS_OFF`](Self::HANDS_OFF); elsewhere it changes nothing.
+    fn hand_off(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        from: LockId<'_>,
+        to_owner: &str,
+        lease_micros: i64,
+    ) -> impl Future<Output = Result<Option<HandOff>, sqlx::Error>> + Send {
+        let _ = (conn, sql, from, to_owner, lease_micros);
+        std::future::ready(Ok(None))
+    }
 
     /// Owner- and token-checked delete of every row of `batch` in one statement (or one
     /// transaction), waking waiters as a release does: the rows that were ours and went.

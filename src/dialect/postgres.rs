@@ -11,13 +11,15 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, Postgres};
 
 use super::{
-    Acquired, Contention, Dialect, Durability, ErrorCodes, ListenerOptions, LockId, LockSql,
-    MigrateSql, NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState, RowWait,
-    SqlValue, TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql, unrenewed,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, HandOff, ListenerOptions, LockId,
+    LockSql, MigrateSql, NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState,
+    RowWait, SqlValue, TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql,
+    unrenewed,
 };
 
 statements! { sql;
     read_keys: READ_KEYS,
+    hand_off: HAND_OFF,
 }
 
 /// A lease (or a minimum hold) as PostgreSQL takes it: microseconds.
@@ -69,7 +71,12 @@ const EPOCH_CHECK: &str = ",
 
 /// ACQUIRE for a relaxed table: the epoch check beside the advisory lock.
 fn relaxed_acquire() -> String {
-    ACQUIRE.replacen(SERIALIZE, &format!("{SERIALIZE}{EPOCH_CHECK}"), 1)
+    relaxed(ACQUIRE)
+}
+
+/// A statement that draws a token (ACQUIRE, HAND_OFF), for a relaxed table.
+fn relaxed(draws: &str) -> String {
+    draws.replacen(SERIALIZE, &format!("{SERIALIZE}{EPOCH_CHECK}"), 1)
 }
 
 // Which of a table's relations are unlogged ('u') or logged ('p'): the lock table's.
@@ -83,6 +90,40 @@ const RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
 RETURNING expire_time <= clock_timestamp(),
           CASE WHEN waiters THEN pg_notify('dblock:{table}', fencing_token || ':' || lock_key) IS NULL END";
+
+// A release that gives the row to the next waiter of the releasing Locker (`to_owner`,
+// $4) in one statement: one commit per handoff instead of the DELETE's and the waiter's
+// INSERT's. The new token is drawn under ACQUIRE's advisory lock, so token order holds
+// as for any acquisition; the row being ours and live, nobody else can win it meanwhile.
+// A row marked by a waiter of another process (`waiters`), or whose lease has run out,
+// is deleted instead, as RELEASE deletes it (that waiter is notified): local waiters do
+// not pass a process that waits too. The two CTEs' conditions exclude each other; when
+// the row changed after the statement's snapshot (a waiter marked it meanwhile), neither
+// may apply, and the caller sends RELEASE to find out.
+const HAND_OFF: &str = "\
+WITH serialize AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+), handed AS (
+    UPDATE {table} AS held
+       SET lock_value = $4,
+           expire_time = clock_timestamp() + $5::bigint * INTERVAL '1 microsecond',
+           fencing_token = nextval('{table}_fencing_seq'),
+           acquired_at = clock_timestamp()
+      FROM serialize
+     WHERE held.lock_key = $1 AND held.lock_value = $2 AND held.fencing_token = $3
+       AND NOT held.waiters AND held.expire_time > clock_timestamp()
+    RETURNING held.fencing_token, held.expire_time
+), released AS (
+    DELETE FROM {table} AS held
+     USING serialize
+     WHERE held.lock_key = $1 AND held.lock_value = $2 AND held.fencing_token = $3
+       AND (held.waiters OR held.expire_time <= clock_timestamp())
+    RETURNING held.expire_time <= clock_timestamp() AS expired,
+              CASE WHEN held.waiters THEN pg_notify('dblock:{table}', held.fencing_token || ':' || held.lock_key) IS NULL END AS notified
+)
+SELECT fencing_token, expire_time, NULL::boolean, NULL::boolean FROM handed
+UNION ALL
+SELECT NULL, NULL, expired, notified FROM released";
 
 // The batched release of the lease engine (guards dropped without `release()`): one
 // DELETE for the whole batch, each row still owner- and token-checked, waking marked
@@ -217,6 +258,7 @@ impl Dialect for Postgres {
         let mut statements = build_statements(table);
         if durability == Durability::Relaxed {
             statements.acquire = sql(&relaxed_acquire(), table);
+            statements.hand_off = sql(&relaxed(HAND_OFF), table);
         }
         statements
     }
@@ -232,6 +274,40 @@ impl LockSql for Postgres {
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         returning_acquire!(conn, sql, key, owner, lease_micros)
+    }
+
+    const HANDS_OFF: bool = true;
+
+    async fn hand_off(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        from: LockId<'_>,
+        to_owner: &str,
+        lease_micros: i64,
+    ) -> Result<Option<HandOff>, sqlx::Error> {
+        type Row = (
+            Option<i64>,
+            Option<DateTime<Utc>>,
+            Option<bool>,
+            Option<bool>,
+        );
+        let row: Option<Row> = sqlx::query_as(audited(&sql.hand_off))
+            .bind(from.key)
+            .bind(from.owner)
+            .bind(from.fencing_token)
+            .bind(to_owner)
+            .bind(lease_param(lease_micros))
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|row| match row {
+            (Some(fencing_token), Some(expires_at), _, _) => HandOff::To(Acquired {
+                fencing_token,
+                expires_at,
+            }),
+            (_, _, expired, _) => HandOff::Released {
+                expired: expired.unwrap_or(false),
+            },
+        }))
     }
 
     async fn release_batch(

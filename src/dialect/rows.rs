@@ -16,6 +16,22 @@ pub struct Acquired {
     pub expires_at: DateTime<Utc>,
 }
 
+/// What a release that hands its row to a waiter of the same Locker answered
+/// ([`LockSql::hand_off`](super::LockSql::hand_off)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOff {
+    /// The row is the waiter's now: its owner value, a new fencing token, a new expiry.
+    To(Acquired),
+    /// The row was deleted, as a plain release does (a waiter of another process asked to
+    /// be woken by it, or the lease had run out: `expired`).
+    Released {
+        /// The lease had run out by the database clock.
+        expired: bool,
+    },
+    /// The row was not ours any more.
+    NotOurs,
+}
+
 /// The row a guard holds: key, owner value and the fencing token it was written with.
 /// Checking the token too means a stale guard of a reused owner value (reentrant
 /// [`Owner`](crate::Owner)) can never touch a newer acquisition.

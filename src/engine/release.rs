@@ -7,19 +7,134 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::{Engine, EngineState, RetryDelays, plan_wake};
-use crate::dialect::{Backend, LockId};
+use crate::dialect::{Backend, HandOff, LockId};
 use crate::error::{LostReason, Result};
-use crate::lease::Lease;
+use crate::inflight::{Statement, answer};
+use crate::jobs::Jobs;
+use crate::lease::{Lease, Won};
+use crate::line::{Handed, Offer};
 use crate::retry::{Retry, by_deadline, retry};
 use crate::stats::Counters;
+
+/// A handoff's job in flight (see [`Engine::release`]): dropped before it finished, it
+/// hands the job to the Locker's background work to finish.
+struct HandingOff<'a> {
+    jobs: &'a Jobs,
+    job: Option<Statement<Result<HandOff>>>,
+}
+
+impl Drop for HandingOff<'_> {
+    fn drop(&mut self) {
+        if let Some(job) = self.job.take() {
+            self.jobs.spawn(async move {
+                job.await.ok();
+            });
+        }
+    }
+}
 
 impl<DB: Backend> Engine<DB> {
     /// Stops renewing `lease`, waits for a batch in flight that includes it, then deletes
     /// the row if it is still ours (retrying while another session is in the way, until
     /// the lease's deadline). `Some(expired)` when our row was deleted, saying whether its
     /// lease had run out by the database clock; `None` when it was not ours any more.
+    ///
+    /// When the head of this Locker's queue for the key stands an offer, the row is handed
+    /// to it instead where the backend can ([`LockTable::hand_off`]): one statement gives
+    /// the row to the waiter's owner value, and the waiter wakes holding the lease,
+    /// without an attempt of its own. Not for a lease with a minimum hold.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<Option<bool>> {
+        if lease.min_hold().is_none()
+            && self.inner.table.hands_off()
+            && let Some(offer) = self.inner.queues.take_offer(&lease.key)
+        {
+            // Boxed: held inline it would grow every release's future.
+            return Box::pin(self.hand_off(lease, offer)).await;
+        }
         self.inner.release(lease).await
+    }
+
+    /// [`release`](Self::release) handing the row to the waiter that stood `offer`. The
+    /// statement and what follows it (starting the waiter's lease, sending it) run as one
+    /// boxed job: if this future is dropped while it is in flight, the job is finished in
+    /// the background, so the waiter is never left with a row nobody knows it holds.
+    async fn hand_off(
+        &self,
+        lease: &Lease,
+        (offer, handed): (Arc<Offer>, Handed),
+    ) -> Result<Option<bool>> {
+        self.inner.stop_renewing_for_release(lease).await;
+        let job: Statement<Result<HandOff>> = {
+            let engine = Engine {
+                inner: Arc::clone(&self.inner),
+            };
+            let (key, owner) = (lease.key.clone(), lease.owner.clone());
+            let (fencing_token, until) = (lease.fencing_token, lease.deadline());
+            Box::pin(async move {
+                let from = LockId {
+                    key: &key,
+                    owner: &owner,
+                    fencing_token,
+                };
+                let sent_at = Instant::now();
+                let terms = offer.terms;
+                let table = &engine.inner.table;
+                let outcome = table.hand_off(from, &offer.owner, terms.lease, until).await;
+                match &outcome {
+                    Ok(HandOff::To(won)) => {
+                        Counters::bump(&engine.inner.counters.acquired);
+                        Counters::bump(&engine.inner.counters.handoffs);
+                        let lease = engine.start_lease(Won {
+                            key: key.clone(),
+                            owner: offer.owner.clone(),
+                            fencing_token: won.fencing_token,
+                            expires_at: won.expires_at,
+                            length: terms.lease,
+                            interval: terms.renew,
+                            sent_at,
+                        });
+                        tracing::debug!(key, owner = %offer.owner, fencing_token = won.fencing_token, "lock handed to the next waiter");
+                        // The waiter went away meanwhile (cancelled, timed out): nobody
+                        // holds the row, it goes as a dropped guard's does.
+                        if let Err(lease) = handed.send(lease) {
+                            engine.release_in_background(lease);
+                        }
+                    }
+                    Ok(_) => drop(handed),
+                    Err(_) => {
+                        // The answer was lost, not necessarily the commit: the row may be
+                        // the offer's owner's, a value nobody will use again (the waiter
+                        // offers another one next). Removed while there is time.
+                        drop(handed);
+                        let until = sent_at + terms.lease;
+                        let inner = Arc::clone(&engine.inner);
+                        let (key, owner) = (key.clone(), offer.owner.clone());
+                        engine.inner.jobs.spawn(async move {
+                            inner.remove_handed_row(&key, &owner, until).await;
+                        });
+                    }
+                }
+                outcome
+            })
+        };
+        let mut in_flight = HandingOff {
+            jobs: &self.inner.jobs,
+            job: Some(job),
+        };
+        let outcome = answer(&mut in_flight.job).await;
+        lease.end_hold();
+        let handed_over = matches!(outcome, Ok(HandOff::To(_)));
+        if !handed_over {
+            self.inner.queues.released(&lease.key);
+        }
+        let deleted = match outcome? {
+            HandOff::To(_) => Some(false),
+            HandOff::Released { expired } => Some(expired),
+            HandOff::NotOurs => None,
+        };
+        // A handed-over row notified nobody: settled as a kept row is.
+        self.inner.settle(lease, deleted, handed_over);
+        Ok(deleted)
     }
 
     /// [`release`](Self::release) for callers nobody waits on (dropped guards, failed
@@ -74,7 +189,10 @@ impl<DB: Backend> EngineState<DB> {
         });
     }
 
-    async fn release(&self, lease: &Lease) -> Result<Option<bool>> {
+    /// Stops renewing `lease` before its row is released: waits for a batch in flight
+    /// that includes it, so that no renewal of ours reaches the database after the
+    /// release's statement.
+    async fn stop_renewing_for_release(&self, lease: &Lease) {
         let in_pass = {
             let mut state = self.state();
             state.leases.remove(&lease.id);
@@ -83,14 +201,30 @@ impl<DB: Backend> EngineState<DB> {
             timing.ended = true;
             timing.in_pass
         };
-        // A batch that includes this lease may be in flight: let it land first, so that
-        // no renewal of ours reaches the database after the DELETE.
-        // (Boxed, as the minimum hold's statement below: rare, and held inline they
-        // would grow every release's future, which is copied on each move.)
+        // (Boxed, as the minimum hold's statement: rare, and held inline they would grow
+        // every release's future, which is copied on each move.)
         if in_pass > *self.passes_done.borrow() {
             let mut done = self.passes_done.subscribe();
             Box::pin(done.wait_for(|done| *done >= in_pass)).await.ok();
         }
+    }
+
+    /// Removes the row a handoff whose answer was lost may have written for `owner`
+    /// (nobody's: see [`Offer`]), retrying until `until`, when it would have expired.
+    async fn remove_handed_row(&self, key: &str, owner: &str, until: Instant) {
+        let removed = retry(&self.retry, until, |_| async move {
+            by_deadline(until, self.table.release_if_owned(key, owner))
+                .await
+                .map_err(Retry::Again)
+        })
+        .await;
+        if let Err(err) = removed {
+            tracing::warn!(key, owner, error = %err, "could not remove the row of a failed handoff; it will expire");
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<Option<bool>> {
+        self.stop_renewing_for_release(lease).await;
         // Sent again while another session is in the way, as long as the lease lasts.
         let outcome = self.release_once(lease).await;
         let kept = matches!(outcome, Ok((_, true)));

@@ -144,6 +144,7 @@ impl TestBackend for Postgres {
     const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "now()";
     const HEARS_RELEASES: bool = true;
+    const HANDOFF_IN_RELEASE: bool = true;
 
     fn locate() -> Result<String, Unavailable> {
         servers::postgres_url()
@@ -208,6 +209,7 @@ impl TestBackend for MySql {
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "NOW()";
     const HEARS_RELEASES: bool = false;
+    const HANDOFF_IN_RELEASE: bool = false;
 
     fn locate() -> Result<String, Unavailable> {
         servers::mysql_url()
@@ -249,6 +251,7 @@ impl TestBackend for Sqlite {
     const MIGRATION_FILES: usize = 2;
     const NOW: &'static str = "datetime('now')";
     const HEARS_RELEASES: bool = false;
+    const HANDOFF_IN_RELEASE: bool = false;
 
     /// Every test gets a file of its own.
     fn locate() -> Result<String, Unavailable> {

@@ -51,7 +51,7 @@ pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
     }
     tasks[CANCELLED].abort();
     queued(&locker, key, WAITERS - 1).await;
-    let attempts_before = locker.stats().attempts;
+    let before = locker.stats();
     let released = Instant::now();
     holder.release().await.unwrap();
     for (n, task) in tasks.into_iter().enumerate() {
@@ -60,7 +60,9 @@ pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
         }
     }
     let chain = released.elapsed();
-    // Attempts sent from the release on. Each of the 15 grants is one winning attempt:
+    // Attempts sent from the release on, and releases that handed the row to the next
+    // head in their own statement (PostgreSQL): each of the 15 grants is one of those, or
+    // one winning attempt:
     // the first head is woken by the release (a release through this Locker), and every
     // later head is told the key is held by the one ahead, so it waits for that release
     // instead of trying. On top of those 15, the first head may have had one attempt in
@@ -75,7 +77,8 @@ pub async fn local_waiters_are_granted_in_arrival_order<DB: TestBackend>() {
     // machine whose CPUs are busy the releases come late, and a few more heads' fallback
     // timers (250-500 ms) run out first: up to +5 (three seen in a CI run with two CPU
     // burners beside it).
-    let attempts = locker.stats().attempts - attempts_before;
+    let after = locker.stats();
+    let attempts = after.attempts - before.attempts + after.handoffs - before.handoffs;
     let grants = (WAITERS - 1) as u64;
     assert!(
         (grants - 1..=grants + 5).contains(&attempts),
@@ -117,7 +120,7 @@ pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
         let at_first_grant = Arc::clone(&at_first_grant);
         tasks.push(tokio::spawn(async move {
             let guard = waiter.acquire(key, LONG, PATIENCE).await.unwrap();
-            at_first_grant.get_or_init(|| waiter.stats().attempts);
+            at_first_grant.get_or_init(|| waiter.stats());
             // The work under the lock (no signal to wait for: holding is the point).
             sleep(HOLD).await;
             guard.release().await.unwrap();
@@ -129,7 +132,10 @@ pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
         timeout(PATIENCE, task).await.unwrap().unwrap();
     }
     let handoffs = WAITERS as u64 - 1;
-    let attempts = locker.stats().attempts - at_first_grant.get().expect("a first grant");
+    let first = at_first_grant.get().expect("a first grant");
+    let stats = locker.stats();
+    // A grant is a winning attempt, or (PostgreSQL) a release that handed the row over.
+    let attempts = stats.attempts - first.attempts + stats.handoffs - first.handoffs;
     // A handed-off head that tried while the key was held by the waiter ahead would add
     // at least one attempt per handoff (7 here). Two more are allowed: a head whose
     // guard sleep (250-500 ms, for a release signal never sent) ran out before a release
@@ -140,4 +146,137 @@ pub async fn handed_off_waiters_wait_for_the_release<DB: TestBackend>() {
          was held by the waiter ahead"
     );
     assert_eq!(locker.waiting(key), 0);
+}
+
+/// Issue 29's one-statement handoff: eight tasks queue behind a held key, each holds it
+/// 30 ms and releases. Where the backend hands off (PostgreSQL), a release gives the row
+/// to the next head in its own statement: the heads send no attempt of their own (at
+/// most two grants fall back to one on a busy machine, where a head stands its offer
+/// late), the grants come in arrival order, and every grant's fencing token is greater
+/// than the one before. Elsewhere every grant is the head's winning attempt.
+pub async fn releases_hand_the_row_to_the_next_waiter<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    const WAITERS: usize = 8;
+    const HOLD: Duration = Duration::from_millis(30);
+    let key = "handed-over";
+    let locker = db.locker.clone();
+    let holder = locker.try_acquire(key, LONG).await.unwrap().unwrap();
+    let first_token = holder.fencing_token();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for n in 0..WAITERS {
+        let (waiter, granted) = (locker.clone(), Arc::clone(&granted));
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter.acquire(key, LONG, PATIENCE).await.unwrap();
+            let stats = waiter.stats();
+            granted
+                .lock()
+                .unwrap()
+                .push((n, guard.fencing_token(), stats));
+            // The work under the lock (no signal to wait for: holding is the point).
+            sleep(HOLD).await;
+            // The row is this guard's: owner and token as the guard says.
+            let row = waiter.holder(key).await.unwrap().expect("held");
+            assert_eq!(
+                (row.owner.as_str(), row.fencing_token),
+                (guard.owner(), guard.fencing_token())
+            );
+            guard.release().await.unwrap();
+        }));
+        queued(&locker, key, n + 1).await;
+    }
+    holder.release().await.unwrap();
+    for task in tasks {
+        timeout(PATIENCE, task).await.unwrap().unwrap();
+    }
+    let granted = granted.lock().unwrap().clone();
+    let order: Vec<usize> = granted.iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(
+        order,
+        (0..WAITERS).collect::<Vec<_>>(),
+        "granted out of order"
+    );
+    let mut last = first_token;
+    for (n, token, _) in &granted {
+        assert!(*token > last, "grant {n}: token {token} after {last}");
+        last = *token;
+    }
+    // From the first grant on (the first head's turn came from a release of a row it had
+    // marked after its lost attempt: that one is deleted, not handed over).
+    let (first, end) = (granted[0].2, locker.stats());
+    let (attempts, handoffs) = (end.attempts - first.attempts, end.handoffs - first.handoffs);
+    let later = WAITERS as u64 - 1;
+    eprintln!(
+        "{}: {later} later grants: {handoffs} handed over, {attempts} attempts",
+        DB::LABEL
+    );
+    // One grant per later waiter; a head whose fallback timer (250-500 ms) ran out
+    // before a release delayed on a busy machine sends one lost attempt more: up to 2.
+    assert!(
+        (later..=later + 2).contains(&(attempts + handoffs)),
+        "{attempts} attempts and {handoffs} handoffs for {later} grants"
+    );
+    if DB::HANDOFF_IN_RELEASE {
+        assert!(handoffs >= later - 2, "{handoffs} of {later} handed over");
+    } else {
+        assert_eq!(handoffs, 0);
+    }
+    assert_eq!(end.released, end.acquired, "every grant released once");
+    assert_eq!(locker.waiting(key), 0);
+    assert_eq!(locker.holder(key).await.unwrap(), None);
+}
+
+/// A waiter that goes away (aborted) just as a release hands it the row leaves no row
+/// held by nobody: the release that handed it over finds the waiter gone, or the waiter's
+/// dropped offer finds the lease in it, and the row is released in the background, so the
+/// key is free again long before the waiter's lease (the test's long lease) would end.
+/// The waiter is second in line, so the row it waits for was taken by the first one
+/// without a lost attempt of its own (unmarked: handed over where the backend can).
+/// Raced twenty times, with the abort before, at and after the release.
+pub async fn a_waiter_gone_at_the_handoff_leaves_the_key_free<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "handed-to-nobody";
+    let locker = db.locker.clone();
+    for round in 0..20u32 {
+        let holder = locker.try_acquire(key, LONG).await.unwrap().unwrap();
+        let (first, second) = (locker.clone(), locker.clone());
+        let first = tokio::spawn(async move { first.acquire(key, LONG, PATIENCE).await });
+        queued(&locker, key, 1).await;
+        let second = tokio::spawn(async move { second.acquire(key, LONG, PATIENCE).await });
+        queued(&locker, key, 2).await;
+        holder.release().await.unwrap();
+        let first = timeout(PATIENCE, first).await.unwrap().unwrap().unwrap();
+        // The second waiter is the head now, told the key is held: it stands its offer
+        // once it has run (no signal for that; the race is the point).
+        sleep(Duration::from_millis(u64::from(round % 4) * 2)).await;
+        let release = first.release();
+        if round % 2 == 0 {
+            second.abort();
+            release.await.unwrap();
+        } else {
+            release.await.unwrap();
+            second.abort();
+        }
+        // Whether the waiter won before its abort or not, the key comes free: a guard the
+        // task returned is dropped with its outcome, a row handed to nobody is released.
+        drop(second.await);
+        let give_up = Instant::now() + PATIENCE;
+        while let Some(row) = locker.holder(key).await.unwrap() {
+            assert!(
+                Instant::now() < give_up,
+                "round {round}: the key stayed held by {row:?}"
+            );
+            sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(locker.waiting(key), 0);
+    }
+    eprintln!(
+        "{}: {} of 20 releases handed the row over",
+        DB::LABEL,
+        locker.stats().handoffs
+    );
 }
