@@ -280,3 +280,76 @@ pub async fn a_waiter_gone_at_the_handoff_leaves_the_key_free<DB: TestBackend>()
         locker.stats().handoffs
     );
 }
+
+/// Two Lockers on one table (two "processes"), four tasks each, one key, each task taking
+/// it again and again: handoffs inside each Locker race the other Locker's attempts, marks
+/// and wake-ups. Never two holders (a shared count of holders, checked under each hold),
+/// the row always the holder's, tokens rising in grant order, every acquisition released,
+/// and both Lockers granted. Where releases hand the row over, some did.
+pub async fn handoffs_racing_another_process_never_give_two_holders<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 15;
+    let key = "handed-or-taken";
+    let rival = Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .build()
+        .expect("valid options");
+    let lockers = [db.locker.clone(), rival];
+    let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (side, locker) in lockers.iter().enumerate() {
+        for _ in 0..TASKS {
+            let (locker, holders, tokens) =
+                (locker.clone(), Arc::clone(&holders), Arc::clone(&tokens));
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let guard = locker.acquire(key, LONG, PATIENCE).await.unwrap();
+                    let before = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    assert_eq!(before, 0, "two holders at once");
+                    tokens.lock().unwrap().push((side, guard.fencing_token()));
+                    let row = locker.holder(key).await.unwrap().expect("held");
+                    assert_eq!(
+                        (row.owner.as_str(), row.fencing_token),
+                        (guard.owner(), guard.fencing_token())
+                    );
+                    holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    guard.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        timeout(PATIENCE * 4, task).await.unwrap().unwrap();
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 2 * TASKS * ROUNDS);
+    for pair in tokens.windows(2) {
+        assert!(
+            pair[1].1 > pair[0].1,
+            "token {:?} after {:?}",
+            pair[1],
+            pair[0]
+        );
+    }
+    let stats = lockers.each_ref().map(|locker| locker.stats());
+    for stats in &stats {
+        assert_eq!(stats.acquired, (TASKS * ROUNDS) as u64);
+        assert_eq!(stats.released, stats.acquired, "every grant released once");
+    }
+    let handoffs: u64 = stats.iter().map(|stats| stats.handoffs).sum();
+    eprintln!(
+        "{}: {} grants, {handoffs} handed over",
+        DB::LABEL,
+        tokens.len()
+    );
+    if DB::HANDOFF_IN_RELEASE {
+        assert!(handoffs > 0, "no release handed the row over");
+    } else {
+        assert_eq!(handoffs, 0);
+    }
+    assert_eq!(db.locker.holder(key).await.unwrap(), None);
+}
