@@ -12,7 +12,7 @@ use dblock::{LockGuard, Locker, RetryPolicy};
 use tokio::time::Instant;
 
 use crate::handwritten::{HandLock, new_owner};
-use crate::measure::in_tasks;
+use crate::measure::{counting_polls, in_tasks};
 use crate::servers::BenchDb;
 /// How long every holder of every cell keeps the key.
 pub const HOLD: Duration = Duration::from_millis(2);
@@ -166,6 +166,10 @@ pub struct Contended {
     pub acquire_errors: u64,
     pub release_errors: u64,
     pub first_error: Option<String>,
+    /// Wake-ups of the round's tasks, all together (polls after each task's first; see
+    /// [`counting_polls`]): only the caller's tasks, not the tasks a client library or
+    /// dblock's engine spawns.
+    pub task_wakeups: u64,
 }
 
 /// Runs `tasks` tasks that loop acquire, hold [`HOLD`], release on `key` until
@@ -179,7 +183,7 @@ pub async fn contend<DB: BenchDb>(
     let per_task = in_tasks(tasks, |task| {
         let side = Arc::clone(side);
         let key = key.to_owned();
-        async move {
+        let turns = async move {
             let mut done = Contended::default();
             while Instant::now() < deadline {
                 let called = Instant::now();
@@ -213,18 +217,31 @@ pub async fn contend<DB: BenchDb>(
                 }
             }
             done
+        };
+        async move {
+            let (mut done, polls) = counting_polls(turns).await;
+            done.task_wakeups = polls.saturating_sub(1);
+            done
         }
     })
     .await;
-    let mut all = Contended::default();
-    for done in per_task {
-        all.turns.extend(done.turns);
-        all.acquire_errors += done.acquire_errors;
-        all.release_errors += done.release_errors;
-        if all.first_error.is_none() {
-            all.first_error = done.first_error;
+    Contended::gather(per_task)
+}
+
+impl Contended {
+    /// What every task of a round did, together: turns sorted by acquisition time.
+    pub fn gather(per_task: impl IntoIterator<Item = Contended>) -> Contended {
+        let mut all = Contended::default();
+        for done in per_task {
+            all.turns.extend(done.turns);
+            all.acquire_errors += done.acquire_errors;
+            all.release_errors += done.release_errors;
+            all.task_wakeups += done.task_wakeups;
+            if all.first_error.is_none() {
+                all.first_error = done.first_error;
+            }
         }
+        all.turns.sort_by_key(|t| t.acquired);
+        all
     }
-    all.turns.sort_by_key(|t| t.acquired);
-    all
 }

@@ -1,8 +1,8 @@
-//! Cell 3.1's ceiling: why dblock's queue can match polling's handoffs per second but not
-//! beat them. Polling's releaser mostly takes the key straight back (no other task runs in
-//! between); a queue hands the key to another task, so each handoff has the same two
-//! statements (release, then the next holder's acquisition through the database, as issue
-//! 10 point 1 asks) plus one task wake-up, which on a multi-thread runtime can be a
+//! Cell 3.1's ceiling: what a queue's handoff costs beside polling's. Polling's releaser
+//! mostly takes the key straight back (no other task runs in between); a queue hands the
+//! key to another task, so each handoff costs its statements (on PostgreSQL one: the
+//! release gives the row to the next waiter; elsewhere two: the release, then the next
+//! holder's acquisition) plus one task wake-up, which on a multi-thread runtime can be a
 //! wake-up of another worker thread. The same 8 tasks on a one-thread runtime, where
 //! that wake-up crosses no threads, show what is left of the difference.
 
@@ -47,13 +47,12 @@ pub async fn ceiling<DB: BenchDb>(settings: &Settings, url: &str, retakes: f64) 
                 .map(|(d, p)| d.per_sec() / p.per_sec())
                 .collect();
             format!(
-                "- Why the handoffs/s target sits at the line: polling's releaser took the key \
+                "- What a queue's handoff costs: polling's releaser took the key \
                  straight back in {:.0}% of its handoffs above (no other task runs in \
-                 between); dblock's queue hands it to the next waiter, which acquires \
-                 through the database (issue 10 point 1): the same statements plus one task \
-                 wake-up per handoff, which on a multi-thread runtime can be a wake-up of \
-                 another worker thread. So the queue can match polling's handoffs/s, not beat \
-                 them, and the verdict falls either side of 1.00x with the machine's noise. \
+                 between); dblock's queue hands it to the next waiter: on PostgreSQL in the \
+                 release's own statement, elsewhere by the waiter's own acquisition, plus \
+                 one task wake-up per handoff, which on a multi-thread runtime can be a \
+                 wake-up of another worker thread. \
                  The same 8 tasks on a one-thread runtime (`current_thread`, own pool, {} \
                  interleaved rounds), where no wake-up crosses threads: dblock {} handoffs/s, \
                  polling {}, dblock / polling {} per round (releaser re-takes: dblock \

@@ -7,7 +7,9 @@
 //! Modules: `settings` (flags), `measure` (samples, rounds, timed loads), `servers`
 //! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
 //! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2;
-//! `hotkey`, with `hotkey_tasks` for its contenders and `hotkey_procs`, `hotkey_pool` and
+//! `hotkey`, with `hotkey_tasks` for its contenders, `hotkey_contended` for its cells of
+//! 8 tasks through one Locker (quiet and CPU contended) and `hotkey_queue` for their
+//! server-side queue, and `hotkey_procs`, `hotkey_pool` and
 //! `hotkey_fair` for its multi-process, pool and fair-mode cells; `stock`, `renewal`, `reaper`, `primitives`), `anatomy` (the
 //! old design's task pattern timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //! failures), `report` (markdown).
@@ -18,9 +20,12 @@ mod cycle;
 mod handwritten;
 mod heap;
 mod hotkey;
+mod hotkey_contended;
 mod hotkey_fair;
+mod hotkey_load;
 mod hotkey_pool;
 mod hotkey_procs;
+mod hotkey_queue;
 mod hotkey_tasks;
 mod hotkey_thread;
 mod measure;

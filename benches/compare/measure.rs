@@ -325,6 +325,20 @@ pub fn resident_bytes() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
+/// Runs `future` and counts its polls: the first starts it, each later one is one wake-up
+/// of the task that runs it (by I/O, a timer, a channel, or the runtime's cooperative
+/// budget). Its output and the count.
+pub async fn counting_polls<F: Future>(future: F) -> (F::Output, u64) {
+    let mut future = std::pin::pin!(future);
+    let mut polls = 0u64;
+    let output = std::future::poll_fn(|cx| {
+        polls += 1;
+        future.as_mut().poll(cx)
+    })
+    .await;
+    (output, polls)
+}
+
 /// Runs `make(task)` for `tasks` tasks at once on the runtime and collects their results.
 pub async fn in_tasks<T, F, Fut>(tasks: usize, make: F) -> Vec<T>
 where

@@ -158,10 +158,15 @@ hand-written SQL share the same pool settings and the same tables.
 3. **Hot key** (issue 10): one key, each holder keeps it 2 ms. *Polling* is the old
    design: `try_acquire`, then sleep the retry policy's jittered exponential backoff, no
    local queue. (1) 8 tasks through one Locker, each `acquire(key, lease, wait)`, hold,
-   `release`: dblock against polling and a hand-written retry-at-once loop; handoff
-   latency = one release completed to the next acquisition. Targets: wait p99 <= 50 ms,
-   longest wait <= 100 ms, handoffs/s >= polling's, attempts per acquisition <= 1.3, zero
-   errors. (2) 2 OS processes x 4 tasks, each with its own Locker and pool: share of the
+   `release`: dblock against polling, a hand-written retry-at-once loop and a hand-written
+   server-side queue (a connection per task, `pg_advisory_lock` / `GET_LOCK`, which
+   block in the server until granted, in arrival order); handoff latency = one release
+   completed to the next acquisition; statements, task wake-ups and thread wake-ups per
+   handoff. Targets: wait p99 <= 50 ms, longest wait <= 100 ms, handoffs/s >= polling's
+   and >= 1.15x the server-side queue's, attempts per acquisition <= 1.3, zero errors.
+   (1b) The same contenders while two busy-loop processes burn the CPU beside the bench.
+   Targets: handoffs/s >= the server-side queue's, wait p99 and longest wait <= 100 ms
+   and <= the server-side queue's. (2) 2 OS processes x 4 tasks, each with its own Locker and pool: share of the
    acquisitions per process (target 40-60 % each) and wait p99 (target <= 100 ms on
    PostgreSQL; reported for MariaDB). (3) 100 waiters through a pool of 4 while one
    holder keeps the key (3 s lease renewed every 1 s): statements per second on the

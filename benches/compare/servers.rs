@@ -11,6 +11,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Pool, Postgres};
 
 use crate::handwritten::{HandLock, MyHand, MySeed, PgHand, PgSeed};
+use crate::hotkey_queue::{self, QueueSession};
 
 /// Connections per pool, for dblock and the hand-written baselines alike: one per task of
 /// the 8-task runs, so neither side ever waits for a connection.
@@ -193,6 +194,16 @@ pub trait BenchDb: Backend {
     /// does not show yet (PostgreSQL: an idle session reports its statistics up to 10 s
     /// late, `PGSTAT_IDLE_INTERVAL`; a session that exits reports them on its way out).
     const STATISTICS_LAG: Duration;
+
+    /// The server's own queued lock, for the report: what the server-side queue of
+    /// cell 3.1 ([`hotkey_queue`](crate::hotkey_queue)) takes the key with.
+    const QUEUE_LOCK: &'static str;
+
+    /// A connection of its own on `url` that takes `key` with [`QUEUE_LOCK`](Self::QUEUE_LOCK).
+    fn queue_session(
+        url: &str,
+        key: &str,
+    ) -> impl Future<Output = Result<Box<dyn QueueSession>, sqlx::Error>> + Send;
 }
 
 /// The client name of the sessions of a dedicated pool.
@@ -332,6 +343,11 @@ impl BenchDb for Postgres {
     const STATEMENTS_SEEN_TEXT: &'static str = "transactions of the database (`xact_commit + \
         xact_rollback` in `pg_stat_database`; one per autocommit statement)";
     const STATISTICS_LAG: Duration = Duration::from_millis(10_500);
+    const QUEUE_LOCK: &'static str = "pg_advisory_lock";
+
+    async fn queue_session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
+        hotkey_queue::pg_session(url, key).await
+    }
 
     async fn statements_seen(admin: &PgPool) -> Result<u64, sqlx::Error> {
         // This session's own counts are sent at the end of the next transaction; the
@@ -475,6 +491,11 @@ impl BenchDb for MySql {
     const STATEMENTS_SEEN_TEXT: &'static str = "the server's `Questions` (`SHOW GLOBAL STATUS`: \
         statements sent by all clients, the reading itself included)";
     const STATISTICS_LAG: Duration = Duration::ZERO;
+    const QUEUE_LOCK: &'static str = "GET_LOCK";
+
+    async fn queue_session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
+        hotkey_queue::my_session(url, key).await
+    }
 
     async fn statements_seen(admin: &MySqlPool) -> Result<u64, sqlx::Error> {
         global_status(admin, "Questions").await

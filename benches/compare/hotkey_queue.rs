@@ -1,0 +1,233 @@
+//! Cell 3.1's *server-side queue*, hand-written: what a Rust user has today (the
+//! `distributed-lock` crate takes PostgreSQL locks this way). Each task keeps a
+//! connection of its own and takes the key with the server's session lock, which blocks
+//! in the server until granted, the server granting its waiters in arrival order:
+//! PostgreSQL's `SELECT pg_advisory_lock($1)`, released with `pg_advisory_unlock($1)`;
+//! MariaDB's `GET_LOCK(name, timeout)` and `RELEASE_LOCK(name)` (metadata locks, also
+//! granted in arrival order). One statement to take the key, one to give it back, and no
+//! lease: the lock lives as long as the session.
+//!
+//! The connections are opened before a round starts (not timed) and closed after it. A
+//! lock statement cut off by the round's end leaves its session waiting in the server;
+//! closing the connections ends those sessions and their locks one after another, and
+//! every round takes a key of its own, so nothing carries over.
+
+use std::hash::{Hash as _, Hasher as _};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use sqlx::{Connection as _, MySqlConnection, PgConnection};
+use tokio::time::Instant;
+
+use crate::hotkey::Counts;
+use crate::hotkey_tasks::{Contended, Grant, HOLD, Turn, WAIT};
+use crate::measure::counting_polls;
+use crate::servers::BenchDb;
+
+/// One task's session, which takes one key with the server's own lock.
+pub trait QueueSession: Send {
+    /// Waits in the server until the key is granted.
+    fn lock(&mut self) -> BoxFuture<'_, Result<(), String>>;
+
+    /// Gives the key back (an error if the session did not hold it).
+    fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>>;
+}
+
+/// PostgreSQL: a session-level advisory lock on a 64-bit key.
+struct PgSession {
+    conn: PgConnection,
+    key: i64,
+}
+
+impl QueueSession for PgSession {
+    fn lock(&mut self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(self.key)
+                .execute(&mut self.conn)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                .bind(self.key)
+                .fetch_one(&mut self.conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if released {
+                Ok(())
+            } else {
+                Err("pg_advisory_unlock: the session did not hold the key".into())
+            }
+        })
+    }
+}
+
+/// Opens a PostgreSQL session for `key` (hashed to the advisory lock's 64-bit key: the
+/// same in every session of this process).
+pub async fn pg_session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
+    let mut hasher = std::hash::DefaultHasher::new();
+    key.hash(&mut hasher);
+    Ok(Box::new(PgSession {
+        conn: PgConnection::connect(url).await?,
+        key: i64::from_ne_bytes(hasher.finish().to_ne_bytes()),
+    }))
+}
+
+/// MariaDB / MySQL: a named user lock.
+struct MySession {
+    conn: MySqlConnection,
+    name: String,
+}
+
+impl QueueSession for MySession {
+    fn lock(&mut self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            // Seconds; longer than any round, so a timeout would mean a waiter starved.
+            let timeout = i64::try_from(WAIT.as_secs()).unwrap_or(i64::MAX);
+            let granted: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+                .bind(&self.name)
+                .bind(timeout)
+                .fetch_one(&mut self.conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            match granted {
+                Some(1) => Ok(()),
+                Some(_) => Err(format!("GET_LOCK timed out after {timeout} s")),
+                None => Err("GET_LOCK returned NULL".into()),
+            }
+        })
+    }
+
+    fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let released: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                .bind(&self.name)
+                .fetch_one(&mut self.conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            match released {
+                Some(1) => Ok(()),
+                _ => Err("RELEASE_LOCK: the session did not hold the key".into()),
+            }
+        })
+    }
+}
+
+/// Opens a MariaDB / MySQL session for `key` (a lock name, at most 64 characters).
+pub async fn my_session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
+    Ok(Box::new(MySession {
+        conn: MySqlConnection::connect(url).await?,
+        name: key.to_owned(),
+    }))
+}
+
+/// The server-side queue's counters, kept across its rounds.
+#[derive(Default)]
+pub struct Queue {
+    /// Locks granted: one attempt per acquisition, by construction.
+    granted: AtomicU64,
+    /// Statements sent: every lock (granted, failed, or cut off by the round's end) and
+    /// every unlock.
+    statements: AtomicU64,
+}
+
+impl Queue {
+    pub fn counts(&self) -> Counts {
+        Counts {
+            attempts: self.granted.load(Ordering::Relaxed),
+            statements: self.statements.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Opens one session per task for `key`, all at once.
+    pub async fn open<DB: BenchDb>(
+        url: &str,
+        key: &str,
+        tasks: usize,
+    ) -> Result<Vec<Box<dyn QueueSession>>, sqlx::Error> {
+        futures::future::try_join_all((0..tasks).map(|_| DB::queue_session(url, key))).await
+    }
+
+    /// Runs a task per session that loops lock, hold [`HOLD`], unlock until `deadline`;
+    /// the sessions are closed when their tasks end.
+    pub async fn contend(
+        self: &Arc<Self>,
+        sessions: Vec<Box<dyn QueueSession>>,
+        deadline: Instant,
+    ) -> Contended {
+        let handles: Vec<_> = sessions
+            .into_iter()
+            .enumerate()
+            .map(|(task, session)| {
+                let counts = Arc::clone(self);
+                tokio::spawn(async move {
+                    let (mut done, polls) =
+                        counting_polls(turns(&counts, task, session, deadline)).await;
+                    done.task_wakeups = polls.saturating_sub(1);
+                    done
+                })
+            })
+            .collect();
+        let mut per_task = Vec::with_capacity(handles.len());
+        for handle in handles {
+            per_task.push(handle.await.expect("a server-side queue task panicked"));
+        }
+        Contended::gather(per_task)
+    }
+}
+
+/// One task's turns, as [`contend`](crate::hotkey_tasks::contend)'s loop takes them.
+async fn turns(
+    counts: &Queue,
+    task: usize,
+    mut session: Box<dyn QueueSession>,
+    deadline: Instant,
+) -> Contended {
+    let mut done = Contended::default();
+    while Instant::now() < deadline {
+        let called = Instant::now();
+        counts.statements.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout_at(deadline, session.lock()).await {
+            // The round is over; the session still waits in the server until it is closed.
+            Err(_deadline) => break,
+            Ok(Err(err)) => {
+                done.acquire_errors += 1;
+                done.first_error.get_or_insert(err);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(Ok(())) => {
+                let acquired = Instant::now();
+                counts.granted.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(HOLD).await;
+                counts.statements.fetch_add(1, Ordering::Relaxed);
+                let released = match session.unlock().await {
+                    Ok(()) => Some(Instant::now()),
+                    Err(err) => {
+                        done.release_errors += 1;
+                        done.first_error.get_or_insert(err);
+                        None
+                    }
+                };
+                done.turns.push(Turn {
+                    task,
+                    acquired,
+                    released,
+                    waited: acquired - called,
+                    // No fencing token: nothing here counts the grants.
+                    grant: Grant {
+                        token: 0,
+                        ticket: None,
+                    },
+                });
+            }
+        }
+    }
+    done
+}
