@@ -9,8 +9,12 @@
 //! releases of dropped guards, ticket renewal and clean-up) run on the engine's own
 //! connection instead, the *lane*: one connection per Locker, outside the pool, taken
 //! when the engine first needs it (an idle connection of the pool, detached from it, or
-//! else a new one with the pool's connect options) and opened again after it breaks. So a pool kept busy by the application (or exhausted by it) delays the
-//! application's own acquisitions, never the renewal of leases already held.
+//! else a new one with the pool's connect options) and opened again after it breaks. So
+//! a pool kept busy by the application (or exhausted by it) delays the application's own
+//! acquisitions, never the renewal of leases already held. One caller's statement uses
+//! the lane too, when it is open and idle: a release that hands its row to the next
+//! waiter (PostgreSQL), the hot-key path, which a pool connection makes slower (see
+//! `hand_off_on_lane`).
 
 use std::time::Duration;
 
@@ -391,11 +395,19 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<HandOff> {
-        let handed = self
-            .contended_until(until, |mut conn| async move {
-                DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease)).await
-            })
-            .await?;
+        let handed = match self.hand_off_on_lane(from, to_owner, lease).await {
+            Some(Ok(handed)) => handed,
+            Some(Err(err)) if DB::contention(&err) == Contention::Failure => {
+                return Err(self.error_from(err));
+            }
+            // Another session in the way, or the lane busy or closed: the pool's way.
+            Some(Err(_)) | None => {
+                self.contended_until(until, |mut conn| async move {
+                    DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease)).await
+                })
+                .await?
+            }
+        };
         if let Some(handed) = handed {
             return Ok(handed);
         }
@@ -403,6 +415,32 @@ impl<DB: Backend> LockTable<DB> {
             Some(expired) => HandOff::Released { expired },
             None => HandOff::NotOurs,
         })
+    }
+
+    /// [`hand_off`](Self::hand_off)'s statement on the lane, if the lane is open and idle:
+    /// `None` otherwise (it is not opened or waited for here). A hot key's handoffs are
+    /// what this is for: a pool connection given back is pinged by sqlx before it is
+    /// idle again (a round trip and two task wake-ups per statement, measured in
+    /// `benches/compare` cell 3.1), which the lane, never given back, does not pay. An
+    /// abandoned statement drops the connection with it, as on the lane everywhere.
+    async fn hand_off_on_lane(
+        &self,
+        from: LockId<'_>,
+        to_owner: &str,
+        lease: Duration,
+    ) -> Option<Result<Option<HandOff>, sqlx::Error>> {
+        // SQLite's write gate orders the lane's statements; SQLite has no handoff anyway.
+        if self.gate.is_some() {
+            return None;
+        }
+        let mut slot = self.lane.slot.try_lock().ok()?;
+        let mut conn = slot.take()?;
+        let outcome = DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease)).await;
+        // As `on_lane!`: a database's error answer leaves the connection usable.
+        if !matches!(outcome, Err(ref err) if !matches!(err, sqlx::Error::Database(_))) {
+            *slot = Some(conn);
+        }
+        Some(outcome)
     }
 
     /// Runs `call` as [`run`](Self::run) does, and again after a pause while another

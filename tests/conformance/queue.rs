@@ -161,7 +161,13 @@ pub async fn releases_hand_the_row_to_the_next_waiter<DB: TestBackend>() {
     const WAITERS: usize = 8;
     const HOLD: Duration = Duration::from_millis(30);
     let key = "handed-over";
-    let locker = db.locker.clone();
+    // With the defaults (renewing): the lease engine's own connection, open once a lease
+    // renews, carries the handoffs (`LockTable::hand_off_on_lane`); the racing test below
+    // covers the pool's way, with a Locker that does not renew.
+    let locker = Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .build()
+        .expect("valid options");
     let holder = locker.try_acquire(key, LONG).await.unwrap().unwrap();
     let first_token = holder.fencing_token();
     let granted = Arc::new(Mutex::new(Vec::new()));
