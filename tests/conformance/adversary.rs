@@ -62,6 +62,18 @@ pub async fn fair_cancelled_ticket_takers_leave_no_ticket<DB: TestBackend>() {
         async || ticket_rows(&db).await == 0,
     )
     .await;
+    // A waiter cut mid-statement left that statement to a background job, which may
+    // still be on its way to the server (under a whole suite's load): a ticket it inserts
+    // late, or a row its attempt wins now that the key is free, goes once it answers.
+    // The Locker's shutdown waits for those jobs; a fresh fair Locker then finds nothing.
+    fair.shutdown().await;
+    assert_eq!(ticket_rows(&db).await, 0, "a ticket outlived its waiter");
+    assert_eq!(db.locker.holder(key).await.unwrap(), None);
+    let fair = Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .fair(true)
+        .build()
+        .unwrap();
     let guard = fair
         .try_acquire(key, LONG)
         .await

@@ -86,6 +86,7 @@ macro_rules! conformance_suite {
             handed_off_waiters_wait_for_the_release,
             releases_hand_the_row_to_the_next_waiter,
             a_waiter_gone_at_the_handoff_leaves_the_key_free,
+            a_handoff_of_a_taken_row_gives_nothing_away,
             handoffs_racing_another_process_never_give_two_holders,
             fair_grants_follow_ticket_order,
             fair_skips_a_cancelled_waiter_at_once,

@@ -290,6 +290,50 @@ pub async fn a_waiter_gone_at_the_handoff_leaves_the_key_free<DB: TestBackend>()
     );
 }
 
+/// A release whose row was taken away (force-released by an operator) while the next
+/// waiter stood its offer hands nothing over: the release says `NotHeld`, the waiter is
+/// not granted the row by it (on MariaDB the handoff's upsert then writes a row that has
+/// already expired: no lease for anybody), and it acquires on its own, with a greater
+/// token, leaving its own row as the only one. Raced five times, the waiter's offer
+/// standing or not yet.
+pub async fn a_handoff_of_a_taken_row_gives_nothing_away<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "taken-before-the-handoff";
+    let locker = db.locker.clone();
+    for round in 0..5u64 {
+        let holder = locker.acquire(key, LONG, PATIENCE).await.unwrap();
+        let (first, second) = (locker.clone(), locker.clone());
+        let first = tokio::spawn(async move { first.acquire(key, LONG, PATIENCE).await });
+        queued(&locker, key, 1).await;
+        let second = tokio::spawn(async move { second.acquire(key, LONG, PATIENCE).await });
+        queued(&locker, key, 2).await;
+        holder.release().await.unwrap();
+        let first = timeout(PATIENCE, first).await.unwrap().unwrap().unwrap();
+        // The second waiter, head now and told the key is held, stands its offer once
+        // it has run (no signal for that: both orders are the point).
+        sleep(Duration::from_millis(round * 5)).await;
+        assert!(locker.force_release(key).await.unwrap());
+        let first_token = first.fencing_token();
+        let released = first.release().await;
+        assert!(
+            matches!(released, Err(dblock::Error::NotHeld { .. })),
+            "round {round}: a release of a force-released row answered {released:?}"
+        );
+        let second = timeout(PATIENCE, second).await.unwrap().unwrap().unwrap();
+        let row = locker.holder(key).await.unwrap().expect("the waiter's row");
+        assert_eq!(
+            (row.owner.as_str(), row.fencing_token),
+            (second.owner(), second.fencing_token()),
+            "round {round}"
+        );
+        assert!(second.fencing_token() > first_token, "round {round}");
+        second.release().await.unwrap();
+        assert_eq!(locker.waiting(key), 0);
+    }
+}
+
 /// Two Lockers on one table (two "processes"), four tasks each, one key, each task taking
 /// it again and again: handoffs inside each Locker race the other Locker's attempts, marks
 /// and wake-ups. Never two holders (a shared count of holders, checked under each hold),
