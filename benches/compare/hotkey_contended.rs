@@ -187,7 +187,10 @@ pub async fn cell<DB: BenchDb>(
 const PER_HANDOFF: &str = "\nPer handoff = per acquisition (each but a round's first is \
     one handoff). Statements: the lock-table contenders', counted as connections given \
     back to the cell's own pool (one per attempt, wake-up request or release; each one \
-    statement on PostgreSQL; dblock relaxed's too, on the same pool); the server-side \
+    statement on PostgreSQL; dblock relaxed's too, on the same pool), except dblock's \
+    handoffs: a release that hands the row to the next waiter sends its one statement on \
+    the lease engine's own connection, outside the pool, which is not counted (so dblock's \
+    rows read about 0 where every grant is a handoff); the server-side \
     queue's lock and unlock statements, counted as sent; the in-process mutex sends none. \
     Both include the statements of acquires cut off by a round's end. Task \
     wake-ups: polls of the 8 tasks after their first (not of tasks that dblock or sqlx \
