@@ -18,7 +18,8 @@ const TABLE: &str = "bench_lock_cycle";
 const SEED_TABLE: &str = "bench_lock_seed";
 /// Fast mode's table (`Durability::Relaxed`, PostgreSQL only) and its contender's name.
 const RELAXED_TABLE: &str = "bench_lock_cycle_relaxed";
-const RELAXED: &str = "dblock relaxed (UNLOGGED)";
+/// dblock on a relaxed lock table, here and in cells 3.1 and 3.1b.
+pub(crate) const RELAXED: &str = "dblock relaxed (UNLOGGED)";
 const TASKS: [usize; 2] = [1, 8];
 /// Each contender runs this long before the rounds (connections, statement caches).
 const WARM_UP: Duration = Duration::from_millis(200);

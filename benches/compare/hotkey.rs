@@ -15,7 +15,10 @@
 //!    once without sleeping: a ceiling for handoffs per second, bought with a hot retry
 //!    loop; and the *server-side queue* ([`hotkey_queue`](crate::hotkey_queue)), what a
 //!    Rust user has today: a connection per task, blocked in `pg_advisory_lock` until
-//!    the server grants the key.
+//!    the server grants the key. Beside them, to put the targets against that queue in
+//!    context: the same tasks on an in-process `tokio::sync::Mutex`
+//!    ([`hotkey_ceiling`](crate::hotkey_ceiling)), a handoff with no database at all,
+//!    and (PostgreSQL) dblock on a relaxed (`UNLOGGED`) lock table.
 //!
 //!    1b. **The same, CPU contended**: cell 1's contenders while two busy-loop processes
 //!    run beside the bench.
@@ -53,7 +56,9 @@ use crate::{hotkey_contended, hotkey_fair, hotkey_pool, hotkey_procs};
 pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
     Issue 10's cells, then fair mode, each holder keeping the key 2 ms: (1) 8 tasks \
     through one Locker, against polling, a retry-at-once loop and a server-side queue \
-    (a connection per task, blocked in the server's own lock until granted), and (1b) the \
+    (a connection per task, blocked in the server's own lock until granted), with an \
+    in-process mutex (no database: the ceiling of any FIFO handoff) and, on PostgreSQL, \
+    dblock on a relaxed (`UNLOGGED`) table beside them, and (1b) the \
     same while two busy loops burn the CPU beside the bench, (2) 2 processes x 4 tasks, \
     each process with its own Locker and pool, (3) 100 waiters through a pool of 4 while \
     one holder keeps the key, (4) fair mode (`fair(true)`, tickets) against the default, \

@@ -7,6 +7,12 @@
 //! waiters wait in the server instead. The contenders take turns in rounds as in the
 //! other cells (each round rotates who goes first), on a pool of their own that counts
 //! the statements they send (one per connection given back; see `counting_pool`).
+//!
+//! Two more contenders put the targets against the server-side queue in context: an
+//! in-process `tokio::sync::Mutex` ([`hotkey_ceiling`](crate::hotkey_ceiling)), the
+//! fastest a FIFO handoff can be with no database at all, and, on PostgreSQL, dblock on a
+//! relaxed (`UNLOGGED`) lock table, which shows what the durable commit costs each
+//! handoff.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -16,8 +22,10 @@ use std::time::Duration;
 use dblock::Locker;
 use tokio::time::Instant;
 
+use crate::cycle::RELAXED;
 use crate::handwritten::new_owner;
 use crate::hotkey::{Counts, Round, TASKS, measured};
+use crate::hotkey_ceiling::{self, Ceiling};
 use crate::hotkey_load::{Burners, counting_pool};
 use crate::hotkey_queue::Queue;
 use crate::hotkey_tasks::{Side, contend};
@@ -28,6 +36,9 @@ use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_hot";
 const TABLE_CPU: &str = "bench_lock_hot_cpu";
+/// The relaxed contender's tables (PostgreSQL only), beside the durable ones.
+const RELAXED_TABLE: &str = "bench_lock_hot_relaxed";
+const RELAXED_TABLE_CPU: &str = "bench_lock_hot_cpu_relaxed";
 /// Busy loops in cell 3.1b: as many as the cores of the machine the bench was made on,
 /// so every core has one more runnable thread than the bench and the server bring.
 const BURNERS: usize = 2;
@@ -43,16 +54,23 @@ const QUEUE_QUIET: f64 = 1.15;
 const QUEUE_CONTENDED: f64 = 1.0;
 const CONTENDED_WAIT: Duration = Duration::from_millis(100);
 
-/// Who is who in the cell's list of contenders.
+/// Who is who in the cell's list of contenders. The relaxed one is last, and there only
+/// where the server has relaxed lock tables (PostgreSQL): elsewhere the list is one
+/// shorter, so it is looked up with `get`.
 const DBLOCK: usize = 0;
 const POLL: usize = 1;
 const QUEUE: usize = 3;
+const CEILING: usize = 4;
+const RELAXED_DBLOCK: usize = 5;
 
-/// A contender of these cells: one of [`Side`]'s, on the lock table, or the server-side
-/// queue, on connections of its own.
+/// A contender of these cells: one of [`Side`]'s, on the lock table (or, `Relaxed`,
+/// dblock on the relaxed one), the server-side queue, on connections of its own, or the
+/// in-process mutex, on none.
 enum Contender<DB: BenchDb> {
     Table(Arc<Side<DB>>),
     Queue(Arc<Queue>),
+    Ceiling(Arc<Ceiling>),
+    Relaxed(Arc<Side<DB>>),
 }
 
 impl<DB: BenchDb> Contender<DB> {
@@ -63,6 +81,8 @@ impl<DB: BenchDb> Contender<DB> {
                 "server-side queue: `{}`, a connection per task (hand-written)",
                 DB::QUEUE_LOCK
             ),
+            Contender::Ceiling(_) => hotkey_ceiling::NAME.to_owned(),
+            Contender::Relaxed(_) => RELAXED.to_owned(),
         }
     }
 }
@@ -73,7 +93,11 @@ pub async fn cell<DB: BenchDb>(
     server: &Server<DB>,
     cpu_contended: bool,
 ) -> Result<String, Box<dyn std::error::Error>> {
-    let table = if cpu_contended { TABLE_CPU } else { TABLE };
+    let (table, relaxed_table) = if cpu_contended {
+        (TABLE_CPU, RELAXED_TABLE_CPU)
+    } else {
+        (TABLE, RELAXED_TABLE)
+    };
     let (pool, given_back) = counting_pool::<DB>(&server.url).await?;
     let counted = Server {
         pool,
@@ -82,7 +106,9 @@ pub async fn cell<DB: BenchDb>(
     };
     let locker = counted.fresh_locker(table).await?;
     let polling = Locker::builder(counted.pool.clone()).table(table).build()?;
-    let contenders = [
+    // On the counting pool, so that its statements are counted as the durable one's.
+    let relaxed = DB::relaxed_locker(&counted.pool, relaxed_table).await?;
+    let mut contenders = vec![
         Contender::Table(Arc::new(Side::Dblock(locker.clone()))),
         Contender::Table(Arc::new(Side::Poll(polling.clone()))),
         Contender::Table(Arc::new(Side::Spin {
@@ -90,7 +116,11 @@ pub async fn cell<DB: BenchDb>(
             attempts: AtomicU64::new(0),
         })),
         Contender::Queue(Arc::new(Queue::default())),
+        Contender::Ceiling(Arc::new(Ceiling::default())),
     ];
+    if let Some(relaxed) = &relaxed {
+        contenders.push(Contender::Relaxed(Arc::new(Side::Dblock(relaxed.clone()))));
+    }
     let burners = if cpu_contended {
         Some(Burners::start(BURNERS)?)
     } else {
@@ -107,6 +137,10 @@ pub async fn cell<DB: BenchDb>(
     locker.shutdown().await;
     polling.shutdown().await;
     DB::drop_lock_table(&counted.pool, table).await?;
+    if let Some(relaxed) = relaxed {
+        relaxed.shutdown().await;
+        DB::drop_lock_table(&counted.pool, relaxed_table).await?;
+    }
     counted.pool.close().await;
 
     let names: Vec<String> = contenders.iter().map(Contender::name).collect();
@@ -153,8 +187,12 @@ pub async fn cell<DB: BenchDb>(
 const PER_HANDOFF: &str = "\nPer handoff = per acquisition (each but a round's first is \
     one handoff). Statements: the lock-table contenders', counted as connections given \
     back to the cell's own pool (one per attempt, wake-up request or release; each one \
-    statement on PostgreSQL); the server-side queue's lock and unlock statements, counted \
-    as sent. Both include the statements of acquires cut off by a round's end. Task \
+    statement on PostgreSQL; dblock relaxed's too, on the same pool), except dblock's \
+    handoffs: a release that hands the row to the next waiter sends its one statement on \
+    the lease engine's own connection, outside the pool, which is not counted (so dblock's \
+    rows read about 0 where every grant is a handoff); the server-side \
+    queue's lock and unlock statements, counted as sent; the in-process mutex sends none. \
+    Both include the statements of acquires cut off by a round's end. Task \
     wake-ups: polls of the 8 tasks after their first (not of tasks that dblock or sqlx \
     spawn). Thread wake-ups: context switches of all the bench's threads, as in section \
     1 (`measure::process_cpu`).\n";
@@ -182,7 +220,7 @@ async fn interleaved<DB: BenchDb>(
             let key = format!("hot:{run}:{r}:{i}");
             // Deadlocks are read on the server's pool, not the counted one.
             let round = match &contenders[i] {
-                Contender::Table(side) => {
+                Contender::Table(side) | Contender::Relaxed(side) => {
                     let counts = || Counts {
                         attempts: side.attempts(),
                         statements: given_back.load(Ordering::Relaxed),
@@ -210,6 +248,15 @@ async fn interleaved<DB: BenchDb>(
                             ..Round::default()
                         },
                     }
+                }
+                Contender::Ceiling(mutex) => {
+                    measured(
+                        &server.pool,
+                        length,
+                        || mutex.counts(),
+                        |deadline| mutex.contend(TASKS, deadline),
+                    )
+                    .await
                 }
             };
             rounds[i].push(round);
@@ -363,6 +410,7 @@ fn quiet_targets(out: &mut String, rounds: &mut [Vec<Round>]) {
         count(lo),
         count(hi),
     );
+    context(out, rounds, QUEUE_QUIET);
 }
 
 /// Cell 3.1b's target lines: issue 31's, dblock against the server-side queue.
@@ -396,4 +444,43 @@ fn contended_targets(out: &mut String, rounds: &mut [Vec<Round>]) {
         ms(longest),
         ms(queue_longest),
     );
+    context(out, rounds, QUEUE_CONTENDED);
+}
+
+/// Lines after a cell's targets that put them in context (no targets themselves): the
+/// in-process mutex, a bound on any lock that records each grant in the database, and
+/// dblock relaxed, what the durable commit costs (where there is one). `asked`: the
+/// cell's target for dblock / the server-side queue.
+fn context(out: &mut String, rounds: &[Vec<Round>], asked: f64) {
+    let (ceiling, queue, dblock) = (&rounds[CEILING], &rounds[QUEUE], &rounds[DBLOCK]);
+    let (over_queue, over_queue_spread) = speed(ceiling, queue);
+    let (dblock_share, dblock_spread) = speed(dblock, ceiling);
+    let (queue_share, queue_spread) = speed(queue, ceiling);
+    let _ = writeln!(
+        out,
+        "- Ceiling: the in-process mutex / server-side queue = {} per round (the target \
+         above asks {asked:.2}x of dblock): a lock that records each grant in the database \
+         cannot hand off faster than this; dblock reaches {} of the ceiling, the \
+         server-side queue {}.",
+        ratio(over_queue, over_queue_spread),
+        ratio(dblock_share, dblock_spread),
+        ratio(queue_share, queue_spread),
+    );
+    match rounds.get(RELAXED_DBLOCK) {
+        Some(relaxed) => {
+            let (vs_durable, vs_durable_spread) = speed(relaxed, dblock);
+            let (vs_queue, vs_queue_spread) = speed(relaxed, queue);
+            let _ = writeln!(
+                out,
+                "- Relaxed: dblock relaxed / durable dblock {}, relaxed / server-side \
+                 queue {}, per round.",
+                ratio(vs_durable, vs_durable_spread),
+                ratio(vs_queue, vs_queue_spread),
+            );
+        }
+        None => out.push_str(
+            "- Relaxed: not measured on this server (relaxed lock tables are PostgreSQL's \
+             `UNLOGGED` tables).\n",
+        ),
+    }
 }

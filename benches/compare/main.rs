@@ -8,8 +8,8 @@
 //! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
 //! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2;
 //! `hotkey`, with `hotkey_tasks` for its contenders, `hotkey_contended` for its cells of
-//! 8 tasks through one Locker (quiet and CPU contended) and `hotkey_queue` for their
-//! server-side queue, and `hotkey_procs`, `hotkey_pool` and
+//! 8 tasks through one Locker (quiet and CPU contended), `hotkey_queue` for their
+//! server-side queue and `hotkey_ceiling` for their in-process mutex, and `hotkey_procs`, `hotkey_pool` and
 //! `hotkey_fair` for its multi-process, pool and fair-mode cells; `stock`, `renewal`, `reaper`, `primitives`), `anatomy` (the
 //! old design's task pattern timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //! failures), `report` (markdown).
@@ -20,6 +20,7 @@ mod cycle;
 mod handwritten;
 mod heap;
 mod hotkey;
+mod hotkey_ceiling;
 mod hotkey_contended;
 mod hotkey_fair;
 mod hotkey_load;
