@@ -349,7 +349,10 @@ impl<DB: Backend> Election<DB> {
     /// The loop of a singleton worker: campaign as `identity`; while leading, run `lead`
     /// (client-go's `OnStartedLeading`); if the lead is lost first, drop `lead`'s future at
     /// its next await point (`OnStoppedLeading`) and campaign again. Returns what `lead`
-    /// returned, after resigning, when `lead` finishes while leading.
+    /// returned, after resigning, when `lead` finishes while leading. `lead` is a
+    /// `Clone` async closure called once per term (each term on a fresh clone): so a
+    /// capturing closure's future is `Send`, and `run` works inside `tokio::spawn` and
+    /// web handlers (an `AsyncFnMut` made it "not general enough" there).
     ///
     /// A database error while campaigning is logged and the campaign starts again after
     /// a pause ([`RetryPolicy`](crate::RetryPolicy)), so an outage does not end the loop;
@@ -382,7 +385,7 @@ impl<DB: Backend> Election<DB> {
         &self,
         identity: &str,
         lease: Duration,
-        mut lead: impl AsyncFnMut(&Leadership<DB>) -> Result<T, E>,
+        lead: impl AsyncFnOnce(&Leadership<DB>) -> Result<T, E> + Clone,
     ) -> Result<T, E>
     where
         E: From<Error>,
@@ -403,7 +406,7 @@ impl<DB: Backend> Election<DB> {
             let outcome = tokio::select! {
                 biased;
                 reason = leadership.lost() => Err(reason),
-                done = lead(&leadership) => Ok(done),
+                done = lead.clone()(&leadership) => Ok(done),
             };
             match outcome {
                 Ok(done) => {

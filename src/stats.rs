@@ -51,8 +51,8 @@ pub struct Stats {
     /// Expired rows deleted by [`reap_expired`](crate::Locker::reap_expired) and reapers.
     pub reaped: u64,
     /// Releases that handed their row straight to the next waiter of this locker in the
-    /// same statement (not on MySQL 8 or Galera): each is also counted in `released` and
-    /// `acquired`, and the waiter sent no attempt for it.
+    /// same statement (PostgreSQL): each is also counted in `released` and `acquired`, and
+    /// the waiter sent no attempt for it.
     pub handoffs: u64,
     /// Releases in other processes (or other Lockers) that the listener heard and that
     /// woke a waiter of this locker (PostgreSQL).

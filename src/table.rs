@@ -13,8 +13,8 @@
 //! a pool kept busy by the application (or exhausted by it) delays the application's own
 //! acquisitions, never the renewal of leases already held. One caller's statement uses
 //! the lane too, when it is open and idle: a release that hands its row to the next
-//! waiter (PostgreSQL and MariaDB; SQLite's go behind its write gate), the hot-key
-//! path, which a pool connection makes slower (see `hand_off_on_lane`).
+//! waiter (PostgreSQL), the hot-key path, which a pool connection makes slower (see
+//! `hand_off_on_lane`).
 
 use std::time::Duration;
 
@@ -379,9 +379,7 @@ impl<DB: Backend> LockTable<DB> {
     /// Whether a release may hand its row to a waiter in one statement
     /// ([`hand_off`](Self::hand_off)) on this backend.
     pub(crate) fn hands_off(&self) -> bool {
-        // MySQL's statement returns the row it leaves (MariaDB 10.5+, not Galera): known
-        // once the first acquisition asked; until then, and elsewhere there, no handoffs.
-        DB::HANDS_OFF && (!DB::MAY_RETURN_FROM_UPSERT || self.upsert_returns.get() == Some(&true))
+        DB::HANDS_OFF
     }
 
     /// The release that gives our live row to `to_owner` for `lease` in one statement
@@ -431,8 +429,7 @@ impl<DB: Backend> LockTable<DB> {
         to_owner: &str,
         lease: Duration,
     ) -> Option<Result<Option<HandOff>, sqlx::Error>> {
-        // SQLite's write gate orders the lane's statements: its handoffs take the pool's
-        // way, behind the gate as every other statement.
+        // SQLite's write gate orders the lane's statements; SQLite has no handoff anyway.
         if self.gate.is_some() {
             return None;
         }

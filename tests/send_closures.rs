@@ -161,3 +161,38 @@ async fn lock_helpers_in_spawned_tasks() {
     pool.close().await;
     remove(&path);
 }
+
+/// `Election::run` in spawned tasks: a borrowing async closure (called once per term, so
+/// it is cloned for each) and an `async move` one, each capturing a name and a counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_run_in_spawned_tasks() {
+    let (pool, path) = pool().await;
+    let locker = Locker::new(pool.clone());
+    locker.migrate().await.unwrap();
+    let terms = std::sync::Arc::new(AtomicU32::new(0));
+
+    let (l, name, counter) = (locker.clone(), String::from("relay"), terms.clone());
+    let borrowing = tokio::spawn(async move {
+        l.election("e1")
+            .run("node-1", LEASE, async |leading| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(format!("{name} {}", leading.term() > 0))
+            })
+            .await
+    });
+    let (l, name, counter) = (locker.clone(), String::from("sweeper"), terms.clone());
+    let owning = tokio::spawn(async move {
+        l.election("e2")
+            .run("node-2", LEASE, async move |_leading| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(name)
+            })
+            .await
+    });
+    assert_eq!(borrowing.await.unwrap().unwrap(), "relay true");
+    assert_eq!(owning.await.unwrap().unwrap(), "sweeper");
+    assert_eq!(terms.load(Ordering::SeqCst), 2);
+    locker.shutdown().await;
+    pool.close().await;
+    remove(&path);
+}

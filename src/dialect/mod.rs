@@ -135,20 +135,18 @@ pub trait LockSql: Dialect {
         lock: LockId<'_>,
     ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send;
 
-    /// Whether [`hand_off`](Self::hand_off) is this dialect's: a release may then give
-    /// its row to the next waiter of its Locker in one statement (on MySQL only where
-    /// the upsert returns its row: see `LockTable::hands_off`).
+    /// Whether [`hand_off`](Self::hand_off) is this dialect's (PostgreSQL): a release
+    /// may then give its row to the next waiter of its Locker in one statement.
     const HANDS_OFF: bool = false;
 
     /// The owner- and token-checked release that gives our live row to `to_owner` (a
     /// waiter of the same Locker) in one statement, with a fencing token drawn as an
-    /// acquisition draws it and an expiry `lease_micros` from now by the database clock.
-    /// On PostgreSQL, a row a waiter elsewhere marked (`NotifySql::note_waiter`) or whose
-    /// lease has run out is deleted instead, as [`release`](Self::release) deletes it,
-    /// waking that waiter. `Ok(None)` when the statement handed nothing over and deleted
-    /// nothing of ours (the row is not ours, changed while the statement ran, or, where
-    /// the statement cannot tell, expired): send [`release`](Self::release) to find out.
-    /// Only where [`HANDS_OFF`](Self::HANDS_OFF); elsewhere it changes nothing.
+    /// acquisition draws it and an expiry `lease_micros` from now by the database clock;
+    /// unless a waiter elsewhere marked the row (`NotifySql::note_waiter`) or the lease
+    /// has run out: then the row is deleted as [`release`](Self::release) deletes it,
+    /// waking that waiter. `Ok(None)` when the statement changed nothing (the row is not
+    /// ours, or changed while the statement ran): send [`release`](Self::release) to
+    /// find out. Only where [`HANDS_OFF`](Self::HANDS_OFF); elsewhere it changes nothing.
     fn hand_off(
         conn: &mut Self::Connection,
         sql: &Self::Statements,

@@ -16,16 +16,14 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
 use super::{
-    Acquired, Contention, Dialect, Durability, ErrorCodes, HandOff, Inspected, ListQuery, Listed,
-    LockId, LockSql, MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql,
-    TicketSql, TxSql, audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after,
-    sql,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed, LockId,
+    LockSql, MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql, TicketSql, TxSql,
+    audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after, sql,
 };
 
 statements! { batch_sql;
     check_fence_write: CHECK_FENCE_WRITE,
     acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER}"),
-    hand_off: HAND_OFF,
     read_owner: READ_OWNER,
     release_live: RELEASE_LIVE,
     read_release_batch: READ_RELEASE_BATCH,
@@ -58,26 +56,6 @@ const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_tim
 // MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
-
-// A release that gives our live row to the next waiter of our Locker in one statement:
-// ACQUIRE's upsert, whose update takes over our own live row (owner and token checked)
-// instead of an expired one, so the insert trigger draws the new token under the key's
-// bucket lock as for any acquisition. Binds: key, the waiter's owner value, our owner,
-// our token, the waiter's lease. If our row is gone, the insert writes a row that has
-// already expired (anybody's attempt takes it over, the reaper deletes it): not a lease
-// for the waiter, who never learns of it. Only where the upsert returns (MariaDB 10.5+,
-// not Galera: `upsert_returns`); the answer is the row as it stands, handed over when it
-// is the waiter's and live.
-const HAND_OFF: &str = "\
-INSERT INTO {table} (lock_key, lock_value, expire_time, acquired_at)
-VALUES (?, ?, NOW(6), NOW(6))
-ON DUPLICATE KEY UPDATE
-    lock_value  = IF(lock_value = ? AND fencing_token = ? AND expire_time > NOW(6),
-                     VALUES(lock_value), lock_value),
-    fencing_token = IF(lock_value = VALUES(lock_value), VALUES(fencing_token), fencing_token),
-    acquired_at = IF(lock_value = VALUES(lock_value), VALUES(acquired_at), acquired_at),
-    expire_time = IF(lock_value = VALUES(lock_value), NOW(6) + INTERVAL ? MICROSECOND, expire_time)
-RETURNING lock_value, fencing_token, expire_time, CAST(expire_time > NOW(6) AS SIGNED)";
 
 // DELETE has no RETURNING on MySQL 8: the usual release deletes a live lease, and only
 // when that finds nothing does a second one tell an expired row of ours from none.
@@ -333,38 +311,6 @@ impl LockSql for MySql {
                 fencing_token,
                 expires_at,
             }),
-            _ => None,
-        })
-    }
-
-    /// Where the upsert returns (`LockTable::hands_off` asks): MySQL 8 and Galera release
-    /// as before, and their waiters take the row with an acquisition of their own.
-    const HANDS_OFF: bool = true;
-
-    async fn hand_off(
-        conn: &mut MySqlConnection,
-        sql: &Statements,
-        from: LockId<'_>,
-        to_owner: &str,
-        lease_micros: i64,
-    ) -> Result<Option<HandOff>, sqlx::Error> {
-        // Read to the end, as the acquisition's upsert with RETURNING is.
-        let rows: Vec<(String, i64, DateTime<Utc>, i64)> = sqlx::query_as(audited(&sql.hand_off))
-            .bind(from.key)
-            .bind(to_owner)
-            .bind(from.owner)
-            .bind(from.fencing_token)
-            .bind(lease_micros)
-            .fetch_all(conn)
-            .await?;
-        Ok(match rows.into_iter().next() {
-            Some((holder, fencing_token, expires_at, 1)) if holder == to_owner => {
-                Some(HandOff::To(Acquired {
-                    fencing_token,
-                    expires_at,
-                }))
-            }
-            // Not ours, expired, or gone: RELEASE says which.
             _ => None,
         })
     }

@@ -14,16 +14,14 @@ use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
-    Acquired, Contention, Dialect, Durability, ErrorCodes, HandOff, LockId, LockSql, MigrateSql,
-    NotifySql, ReleasedRow, Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql,
-    WriteGate, audited, batch_json, db_code, ids_json, is_unique_violation, json_list, row_states,
-    sql, unrenewed,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, LockId, LockSql, MigrateSql, NotifySql,
+    ReleasedRow, Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql, WriteGate, audited,
+    batch_json, db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
 };
 
 statements! { sqlite_sql;
     held: HELD,
     read_keys: READ_KEYS,
-    hand_off: HAND_OFF,
 }
 
 /// A lease (or a minimum hold) as SQLite takes it: a date modifier.
@@ -62,21 +60,6 @@ ON CONFLICT (lock_key) DO UPDATE
        fencing_token = excluded.fencing_token,
        acquired_at = excluded.acquired_at
  WHERE {table}.expire_time <= {now}
-RETURNING fencing_token, expire_time";
-
-// A release that gives our live row to the next waiter of our Locker (owner ?4, lease
-// ?5) in one statement, one commit instead of the DELETE's and the waiter's upsert's. The
-// token is drawn as ACQUIRE draws it, and the takeover trigger moves the counter forward.
-// A row that is not ours, or whose lease ran out, is left alone: the caller's RELEASE says
-// which. No waiters of other processes to pass here: SQLite does not tell them of
-// releases, they poll (see `NOTE_WAITER`).
-const HAND_OFF: &str = "\
-UPDATE {table}
-   SET lock_value = ?4,
-       expire_time = strftime('%Y-%m-%d %H:%M:%f', 'now', ?5),
-       fencing_token = (SELECT last_token + 1 FROM {table}_fencing WHERE id = 1),
-       acquired_at = {now}
- WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3 AND expire_time > {now}
 RETURNING fencing_token, expire_time";
 
 const RELEASE: &str = "\
@@ -230,31 +213,6 @@ impl LockSql for Sqlite {
         // One statement, atomic on its own; the migration's trigger moves the counter
         // forward whenever a row is written with a new token.
         returning_acquire!(conn, sql, key, owner, lease_micros)
-    }
-
-    const HANDS_OFF: bool = true;
-
-    async fn hand_off(
-        conn: &mut SqliteConnection,
-        sql: &Statements,
-        from: LockId<'_>,
-        to_owner: &str,
-        lease_micros: i64,
-    ) -> Result<Option<HandOff>, sqlx::Error> {
-        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.hand_off))
-            .bind(from.key)
-            .bind(from.owner)
-            .bind(from.fencing_token)
-            .bind(to_owner)
-            .bind(lease_param(lease_micros))
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(|(fencing_token, expires_at)| {
-            HandOff::To(Acquired {
-                fencing_token,
-                expires_at,
-            })
-        }))
     }
 
     async fn release_batch(

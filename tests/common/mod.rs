@@ -44,8 +44,7 @@ pub trait TestBackend: Backend {
     /// elsewhere they poll, and a Locker never reports [`Locker::listening`].
     const HEARS_RELEASES: bool;
     /// Whether a release hands the row to the next local waiter in its own statement
-    /// (PostgreSQL, MariaDB 10.5+ without Galera, SQLite); elsewhere (MySQL 8, Galera)
-    /// the waiter acquires after the release.
+    /// (PostgreSQL); elsewhere the waiter acquires after the release.
     const HANDOFF_IN_RELEASE: bool;
 
     /// Where a test's database is: a server URL, or a fresh SQLite file. `Err` says why

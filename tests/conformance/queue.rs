@@ -291,11 +291,10 @@ pub async fn a_waiter_gone_at_the_handoff_leaves_the_key_free<DB: TestBackend>()
 }
 
 /// A release whose row was taken away (force-released by an operator) while the next
-/// waiter stood its offer hands nothing over: the release says `NotHeld`, the waiter is
-/// not granted the row by it (on MariaDB the handoff's upsert then writes a row that has
-/// already expired: no lease for anybody), and it acquires on its own, with a greater
-/// token, leaving its own row as the only one. Raced five times, the waiter's offer
-/// standing or not yet.
+/// waiter stood its offer (where releases hand over) hands nothing over: the release
+/// says `NotHeld`, the waiter is not granted the row by it, and it acquires on its own,
+/// with a greater token, leaving its own row as the only one. Raced five times, the
+/// waiter's offer standing or not yet.
 pub async fn a_handoff_of_a_taken_row_gives_nothing_away<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
