@@ -24,6 +24,30 @@ async fn queued<DB: TestBackend>(locker: &Locker<DB>, key: &str, n: usize) {
     }
 }
 
+/// A guard for `key`, then two waiters queued behind it, then its release: the first
+/// waiter's guard (granted by the release, no lost attempt of its own: its row is
+/// unmarked) and the second waiter's task, now the head of the queue, told the key is
+/// held. The first holder is waited for, not tried: an attempt of an earlier round's
+/// aborted waiter may still be in flight in the background, and a row it wins there is
+/// removed only once its answer comes.
+async fn second_in_line<DB: TestBackend>(
+    locker: &Locker<DB>,
+    key: &'static str,
+) -> (
+    dblock::LockGuard<DB>,
+    tokio::task::JoinHandle<dblock::Result<dblock::LockGuard<DB>>>,
+) {
+    let holder = locker.acquire(key, LONG, PATIENCE).await.unwrap();
+    let (first, second) = (locker.clone(), locker.clone());
+    let first = tokio::spawn(async move { first.acquire(key, LONG, PATIENCE).await });
+    queued(locker, key, 1).await;
+    let second = tokio::spawn(async move { second.acquire(key, LONG, PATIENCE).await });
+    queued(locker, key, 2).await;
+    holder.release().await.unwrap();
+    let first = timeout(PATIENCE, first).await.unwrap().unwrap().unwrap();
+    (first, second)
+}
+
 /// Sixteen tasks call `acquire` one after another (each once the previous is queued)
 /// while the key is held; the one in the middle is cancelled while it waits. The others
 /// are granted exactly in arrival order, each right after the one before released: the
@@ -248,17 +272,7 @@ pub async fn a_waiter_gone_at_the_handoff_leaves_the_key_free<DB: TestBackend>()
     let key = "handed-to-nobody";
     let locker = db.locker.clone();
     for round in 0..20u32 {
-        // Waited for, not tried: an attempt of the last round's aborted waiter may still
-        // be in flight in the background (its caller went away mid-statement), and a row
-        // it wins there is removed only once its answer comes.
-        let holder = locker.acquire(key, LONG, PATIENCE).await.unwrap();
-        let (first, second) = (locker.clone(), locker.clone());
-        let first = tokio::spawn(async move { first.acquire(key, LONG, PATIENCE).await });
-        queued(&locker, key, 1).await;
-        let second = tokio::spawn(async move { second.acquire(key, LONG, PATIENCE).await });
-        queued(&locker, key, 2).await;
-        holder.release().await.unwrap();
-        let first = timeout(PATIENCE, first).await.unwrap().unwrap().unwrap();
+        let (first, second) = second_in_line(&locker, key).await;
         // The second waiter is the head now, told the key is held: it stands its offer
         // once it has run (no signal for that; the race is the point).
         sleep(Duration::from_millis(u64::from(round % 4) * 2)).await;
@@ -302,14 +316,7 @@ pub async fn a_handoff_of_a_taken_row_gives_nothing_away<DB: TestBackend>() {
     let key = "taken-before-the-handoff";
     let locker = db.locker.clone();
     for round in 0..5u64 {
-        let holder = locker.acquire(key, LONG, PATIENCE).await.unwrap();
-        let (first, second) = (locker.clone(), locker.clone());
-        let first = tokio::spawn(async move { first.acquire(key, LONG, PATIENCE).await });
-        queued(&locker, key, 1).await;
-        let second = tokio::spawn(async move { second.acquire(key, LONG, PATIENCE).await });
-        queued(&locker, key, 2).await;
-        holder.release().await.unwrap();
-        let first = timeout(PATIENCE, first).await.unwrap().unwrap().unwrap();
+        let (first, second) = second_in_line(&locker, key).await;
         // The second waiter, head now and told the key is held, stands its offer once
         // it has run (no signal for that: both orders are the point).
         sleep(Duration::from_millis(round * 5)).await;
