@@ -25,9 +25,9 @@ async fn queued<DB: TestBackend>(locker: &Locker<DB>, key: &str, n: usize) {
 }
 
 /// A guard for `key`, then two waiters queued behind it, then its release: the first
-/// waiter's guard (granted by the release, no lost attempt of its own: its row is
-/// unmarked) and the second waiter's task, now the head of the queue, told the key is
-/// held. The first holder is waited for, not tried: an attempt of an earlier round's
+/// waiter's guard (won by its attempt once the release woke it: nobody lost against its
+/// row, so the row is unmarked) and the second waiter's task, now the head of the queue,
+/// told the key is held. The first holder is waited for, not tried: an attempt of an earlier round's
 /// aborted waiter may still be in flight in the background, and a row it wins there is
 /// removed only once its answer comes.
 async fn second_in_line<DB: TestBackend>(
