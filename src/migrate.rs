@@ -102,6 +102,32 @@ pub(crate) fn scripts<DB: Backend>(table: &str, durability: Durability) -> Vec<M
         .collect()
 }
 
+/// Whether `table`'s history holds exactly `migrations`, each with its checksum: then
+/// there is nothing to do, and refinery is not run at all. It would only read the same
+/// history (under the migration lock) and say so at INFO level through `log`, at every
+/// start of every replica of the application. Anything else (no history yet, a step
+/// pending, a checksum or a durability that differs, an error reading it) takes the full
+/// run, where refinery applies, verifies and reports.
+async fn up_to_date<DB: Backend>(
+    conn: &mut PoolConnection<DB>,
+    table: &str,
+    migrations: &[Migration],
+) -> bool {
+    let query = format!(
+        "SELECT version, name, applied_on, checksum FROM {table}_history ORDER BY version ASC"
+    );
+    let Ok(history) = DB::history(&mut **conn, &query).await else {
+        return false;
+    };
+    let applied = history
+        .iter()
+        .map(|(version, _, _, checksum)| (*version, checksum.parse::<u64>().ok()));
+    let ours = migrations
+        .iter()
+        .map(|m| (i64::from(m.version()), Some(m.checksum())));
+    applied.eq(ours)
+}
+
 /// Applies the pending migrations for `table`, serialized across processes by the
 /// dialect's migration lock; returns how many were applied.
 pub(crate) async fn run<DB: Backend>(
@@ -121,6 +147,9 @@ pub(crate) async fn run<DB: Backend>(
     // (PostgreSQL, SQLite): if this future is dropped half-way, the connection must not
     // go back to the pool still holding either; closed, it lets both go.
     conn.close_on_drop();
+    if up_to_date(&mut conn, table, &migrations).await {
+        return Ok(0);
+    }
     DB::lock_migrations(&mut *conn, table).await?;
     // A table made with the other durability is refused before refinery sees its history
     // (where a relaxed table has a step the durable scripts lack).
@@ -146,4 +175,63 @@ pub(crate) async fn run<DB: Backend>(
         "dblock migrations applied"
     );
     Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+
+    use crate::Locker;
+
+    /// refinery's `log` records, by the thread they were logged on: a test's runtime is
+    /// its own thread (current-thread flavour), so other tests' migrations do not count.
+    static RECORDS: Mutex<Vec<(ThreadId, String)>> = Mutex::new(Vec::new());
+
+    struct Counting;
+
+    impl log::Log for Counting {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            if record.target().starts_with("refinery") {
+                let line = format!("{} {}", record.level(), record.args());
+                RECORDS
+                    .lock()
+                    .unwrap()
+                    .push((std::thread::current().id(), line));
+            }
+        }
+        fn flush(&self) {}
+    }
+
+    fn logged_here() -> Vec<String> {
+        let me = std::thread::current().id();
+        let records = RECORDS.lock().unwrap();
+        records
+            .iter()
+            .filter(|(at, _)| *at == me)
+            .map(|(_, line)| line.clone())
+            .collect()
+    }
+
+    /// The first migrate() applies the scripts through refinery (which logs them); every
+    /// later one, on an up-to-date table, returns 0 without running refinery: nothing is
+    /// logged at every start of an application.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_up_to_date_table_migrates_silently() {
+        let _ = log::set_logger(&Counting);
+        log::set_max_level(log::LevelFilter::Trace);
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let locker = Locker::new(pool);
+        assert!(locker.migrate().await.unwrap() > 0);
+        let first = logged_here();
+        assert!(
+            first.iter().any(|line| line.contains("applying migration")),
+            "refinery logged {first:?}"
+        );
+        assert_eq!(locker.migrate().await.unwrap(), 0);
+        assert_eq!(logged_here(), first, "an up-to-date table logged again");
+    }
 }
