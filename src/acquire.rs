@@ -14,6 +14,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
@@ -448,6 +449,7 @@ where
                 Arc::new(Offer {
                     owner: core.new_owner(),
                     terms,
+                    yielded: AtomicBool::new(false),
                 })
             });
             let receiver = place.offer(standing)?;
@@ -462,10 +464,13 @@ where
                     Ok(lease) => return Ok(place.won(lease).await),
                     // The release took the offer but did not hand the row over (a waiter
                     // elsewhere, an expired lease, a failed statement): it woke this
-                    // waiter too. The next offer gets an owner value of its own.
+                    // waiter too, to attempt at once, unless it deleted the row for a
+                    // waiter of another process: then the release's notification (which
+                    // wakes that waiter) wakes this one too, through the listener. The
+                    // next offer gets an owner value of its own.
                     Err(_) => {
-                        standing = None;
-                        true
+                        let yielded = standing.take().is_some_and(|offer| offer.yielded.load(Ordering::Acquire));
+                        !yielded
                     }
                 }
             }

@@ -412,7 +412,11 @@ impl<DB: Backend> LockTable<DB> {
             return Ok(handed);
         }
         Ok(match self.release(from, until).await? {
-            Some(expired) => HandOff::Released { expired },
+            // Whether this one notified is not said: nobody is kept waiting for it.
+            Some(expired) => HandOff::Released {
+                expired,
+                notified: false,
+            },
             None => HandOff::NotOurs,
         })
     }

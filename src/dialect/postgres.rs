@@ -304,8 +304,9 @@ impl LockSql for Postgres {
                 fencing_token,
                 expires_at,
             }),
-            (_, _, expired, _) => HandOff::Released {
+            (_, _, expired, notified) => HandOff::Released {
                 expired: expired.unwrap_or(false),
+                notified: notified.is_some(),
             },
         }))
     }

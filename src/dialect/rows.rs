@@ -27,6 +27,8 @@ pub enum HandOff {
     Released {
         /// The lease had run out by the database clock.
         expired: bool,
+        /// A waiter had marked the row, and the statement notified the listeners.
+        notified: bool,
     },
     /// The row was not ours any more.
     NotOurs,

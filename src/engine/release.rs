@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
@@ -64,6 +65,7 @@ impl<DB: Backend> Engine<DB> {
         (offer, handed): (Arc<Offer>, Handed),
     ) -> Result<Option<bool>> {
         self.inner.stop_renewing_for_release(lease).await;
+        let yielded_offer = Arc::clone(&offer);
         let job: Statement<Result<HandOff>> = {
             let engine = Engine {
                 inner: Arc::clone(&self.inner),
@@ -100,6 +102,12 @@ impl<DB: Backend> Engine<DB> {
                             engine.release_in_background(lease);
                         }
                     }
+                    // Deleted for a waiter of another process, whose notification our
+                    // listener hears too: our waiter waits for it as that one does.
+                    Ok(HandOff::Released { notified: true, .. }) if engine.inner.wakeups.live() => {
+                        offer.yielded.store(true, Ordering::Release);
+                        drop(handed);
+                    }
                     Ok(_) => drop(handed),
                     Err(_) => {
                         // The answer was lost, not necessarily the commit: the row may be
@@ -124,16 +132,19 @@ impl<DB: Backend> Engine<DB> {
         let outcome = answer(&mut in_flight.job).await;
         lease.end_hold();
         let handed_over = matches!(outcome, Ok(HandOff::To(_)));
-        if !handed_over {
+        // The waiter yielded to the notification (above): the listener wakes the queue.
+        let yielded = yielded_offer.yielded.load(Ordering::Acquire);
+        if !handed_over && !yielded {
             self.inner.queues.released(&lease.key);
         }
         let deleted = match outcome? {
             HandOff::To(_) => Some(false),
-            HandOff::Released { expired } => Some(expired),
+            HandOff::Released { expired, .. } => Some(expired),
             HandOff::NotOurs => None,
         };
-        // A handed-over row notified nobody: settled as a kept row is.
-        self.inner.settle(lease, deleted, handed_over);
+        // A handed-over row notified nobody, and a yielded waiter's Locker must hear its
+        // notification: both settled as a kept row is (no own release remembered).
+        self.inner.settle(lease, deleted, handed_over || yielded);
         Ok(deleted)
     }
 

@@ -88,6 +88,7 @@ macro_rules! conformance_suite {
             a_waiter_gone_at_the_handoff_leaves_the_key_free,
             a_handoff_of_a_taken_row_gives_nothing_away,
             handoffs_racing_another_process_never_give_two_holders,
+            a_release_marked_elsewhere_wakes_both_processes_alike,
             fair_grants_follow_ticket_order,
             fair_skips_a_cancelled_waiter_at_once,
             fair_skips_a_dead_waiter_after_its_ticket_lease,

@@ -412,3 +412,73 @@ pub async fn handoffs_racing_another_process_never_give_two_holders<DB: TestBack
     }
     assert_eq!(db.locker.holder(key).await.unwrap(), None);
 }
+
+/// A release that deletes its row because a waiter of another process marked it (no
+/// handoff then) leaves its own Locker's waiter to the release's notification, as that
+/// other waiter is: the two start even, rather than the local one attempting while the
+/// notification is still on its way (benches/compare cell 3.2: the two processes' shares).
+/// Seen in the counters: the local listener hears the release and wakes its waiter
+/// (`wakeups`), and nothing was handed over. Then both waiters are granted, one after the
+/// other. Where releases hand nothing over (no listener), only the grants are checked.
+pub async fn a_release_marked_elsewhere_wakes_both_processes_alike<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = "marked-elsewhere";
+    let locker = db.locker.clone();
+    let rival = Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .build()
+        .expect("valid options");
+    let holder = locker.acquire(key, LONG, PATIENCE).await.unwrap();
+    let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let waiter = |locker: Locker<DB>| {
+        let holders = Arc::clone(&holders);
+        tokio::spawn(async move {
+            let guard = locker.acquire(key, LONG, PATIENCE).await.unwrap();
+            let before = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            assert_eq!(before, 0, "two holders at once");
+            holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            guard.release().await.unwrap();
+        })
+    };
+    // Each waiter has lost an attempt, marked the row and gone to sleep once its Locker's
+    // listener is up (the first sleeping waiter starts it; connecting takes longer than
+    // the mark): the local one then stands its offer to be handed the row.
+    let local = waiter(locker.clone());
+    if DB::HANDOFF_IN_RELEASE {
+        until(|| locker.listening()).await;
+    }
+    let remote = waiter(rival.clone());
+    if DB::HANDOFF_IN_RELEASE {
+        until(|| rival.listening()).await;
+    }
+    queued(&locker, key, 1).await;
+    queued(&rival, key, 1).await;
+    let before = locker.stats();
+    holder.release().await.unwrap();
+    if DB::HANDOFF_IN_RELEASE {
+        // Heard by the listener, not told by the release: only a listener counts wake-ups.
+        until(|| locker.stats().wakeups > before.wakeups).await;
+    }
+    timeout(PATIENCE, local).await.unwrap().unwrap();
+    timeout(PATIENCE, remote).await.unwrap().unwrap();
+    let after = locker.stats();
+    assert_eq!(
+        after.handoffs, before.handoffs,
+        "a marked row was handed over"
+    );
+    assert_eq!(after.acquired, before.acquired + 1);
+    assert_eq!(rival.stats().acquired, 1);
+    assert_eq!(locker.holder(key).await.unwrap(), None);
+    rival.shutdown().await;
+}
+
+/// Waits until `condition` holds (polled: what it reads has no signal of its own).
+async fn until(condition: impl Fn() -> bool) {
+    let give_up = Instant::now() + PATIENCE;
+    while !condition() {
+        assert!(Instant::now() < give_up, "not within {PATIENCE:?}");
+        sleep(Duration::from_millis(2)).await;
+    }
+}
