@@ -8,7 +8,9 @@
 //! On PostgreSQL a sleeping mutex head also stands an offer (`take_offer`): a release
 //! through the same Locker gives it the row in the release's own statement, unless a
 //! waiter of another process marked the row, whose release then deletes it and wakes
-//! that process (so local waiters never pass another process that waits).
+//! that process (so local waiters never pass another process that waits). The local head
+//! then waits for that release's notification too, through this Locker's listener, so
+//! that it does not start ahead of the other process's waiter.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
