@@ -14,6 +14,7 @@ compile_error!(
 // the crate docs' "Architecture"; tests/architecture.rs checks it).
 // API: what users call.
 mod admin;
+mod any;
 mod election;
 mod fencing;
 mod guard;
@@ -53,6 +54,7 @@ mod metrics;
 mod retry;
 mod stats;
 
+pub use any::{AnyGuard, AnyJob, AnyLocker, AnyLockerBuilder, DEFAULT_ANY_MAX_CONNECTIONS};
 pub use admin::{LockFilter, LockInfo, MAX_HELD_LONGER_THAN, MAX_LIST_LIMIT};
 pub use config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RELAXED_TABLE,
