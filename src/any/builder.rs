@@ -31,7 +31,9 @@ impl Scheme {
     /// `postgres://` or `postgresql://`, `mysql://` or `mariadb://`, `sqlite:`, in any
     /// case. Only the scheme is shown in the error: the URL may carry a password.
     fn of(url: &str) -> Result<Scheme> {
-        let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase());
+        let scheme = url
+            .split_once(':')
+            .map(|(scheme, _)| scheme.to_ascii_lowercase());
         match scheme.as_deref() {
             Some("postgres" | "postgresql") => Ok(Scheme::Postgres),
             Some("mysql" | "mariadb") => Ok(Scheme::MySql),
@@ -275,6 +277,9 @@ mod tests {
         let Err(Error::InvalidConfig(why)) = Scheme::of("redis://u:secret@h") else {
             panic!("expected InvalidConfig");
         };
-        assert!(why.contains("\"redis\"") && !why.contains("secret"), "{why}");
+        assert!(
+            why.contains("\"redis\"") && !why.contains("secret"),
+            "{why}"
+        );
     }
 }

@@ -33,7 +33,11 @@ async fn open<DB: TestBackend>() -> Option<(TestDb<DB>, AnyLocker)> {
     assert_eq!(any.backend(), <DB as sqlx::Database>::NAME);
     assert_eq!(any.table(), db.table);
     assert_eq!(any.migrate().await.unwrap(), DB::MIGRATION_FILES);
-    assert_eq!(any.migrate().await.unwrap(), 0, "a second run applies nothing");
+    assert_eq!(
+        any.migrate().await.unwrap(),
+        0,
+        "a second run applies nothing"
+    );
     Some((db, any))
 }
 
@@ -70,7 +74,11 @@ pub async fn any_locker_has_one_winner_per_round<DB: TestBackend>() {
         );
         assert_eq!(any.holder("race").await.unwrap(), Some(holder));
         winner.release().await.unwrap();
-        assert_eq!(db.locker.holder("race").await.unwrap(), None, "round {round}");
+        assert_eq!(
+            db.locker.holder("race").await.unwrap(),
+            None,
+            "round {round}"
+        );
     }
 }
 
@@ -127,14 +135,32 @@ pub async fn any_locker_tokens_increase_and_release_is_owner_checked<DB: TestBac
         db.locker.holder("k").await.unwrap().unwrap().expired
     })
     .await;
-    let taker = any.try_acquire("k", LONG).await.unwrap().expect("takes over");
+    let taker = any
+        .try_acquire("k", LONG)
+        .await
+        .unwrap()
+        .expect("takes over");
     let t3 = taker.fencing_token();
-    assert!(matches!(stale.extend(LONG).await, Err(Error::NotHeld { .. })));
+    assert!(matches!(
+        stale.extend(LONG).await,
+        Err(Error::NotHeld { .. })
+    ));
     assert!(matches!(stale.release().await, Err(Error::NotHeld { .. })));
-    let holder = db.locker.holder("k").await.unwrap().expect("the taker's row");
-    assert_eq!((holder.owner.as_str(), holder.fencing_token), (taker.owner(), t3));
+    let holder = db
+        .locker
+        .holder("k")
+        .await
+        .unwrap()
+        .expect("the taker's row");
+    assert_eq!(
+        (holder.owner.as_str(), holder.fencing_token),
+        (taker.owner(), t3)
+    );
 
-    assert!(any.force_release("k").await.unwrap(), "the taker's row went");
+    assert!(
+        any.force_release("k").await.unwrap(),
+        "the taker's row went"
+    );
     assert_eq!(db.locker.holder("k").await.unwrap(), None);
     let next = any.try_acquire("k", LONG).await.unwrap().unwrap();
     let t4 = next.fencing_token();
@@ -142,7 +168,10 @@ pub async fn any_locker_tokens_increase_and_release_is_owner_checked<DB: TestBac
         matches!(&taker.release().await, Err(Error::NotHeld { key, .. }) if key == "k"),
         "a force-released guard's release says not held"
     );
-    assert_eq!(db.locker.holder("k").await.unwrap().unwrap().owner, next.owner());
+    assert_eq!(
+        db.locker.holder("k").await.unwrap().unwrap().owner,
+        next.owner()
+    );
     assert!(t1 < t2 && t2 < t3 && t3 < t4, "{t1} {t2} {t3} {t4}");
     let listed = any.list("", 10).await.unwrap();
     assert_eq!(listed.len(), 1);
@@ -199,9 +228,17 @@ pub async fn any_locker_job_runs_once<DB: TestBackend>() {
         }
     }
     assert_eq!((ran.len(), runs.load(Ordering::SeqCst)), (1, 1));
-    let holder = db.locker.holder("nightly").await.unwrap().expect("held for its minimum");
+    let holder = db
+        .locker
+        .holder("nightly")
+        .await
+        .unwrap()
+        .expect("held for its minimum");
     assert_eq!(holder.fencing_token, ran[0]);
-    let late = any.job("nightly").run(async |_: &AnyGuard| Ok::<_, Error>(())).await;
+    let late = any
+        .job("nightly")
+        .run(async |_: &AnyGuard| Ok::<_, Error>(()))
+        .await;
     assert_eq!(late.unwrap(), None, "skipped while the minimum holds");
 }
 
@@ -214,7 +251,10 @@ pub async fn any_locker_refuses_bad_input<DB: TestBackend>() {
     let location = DB::url(&db.location);
     let (_, rest) = location.split_once(':').expect("a scheme");
     let unknown = AnyLocker::connect(&format!("redis:{rest}")).await;
-    assert!(matches!(unknown, Err(Error::InvalidConfig(_))), "{unknown:?}");
+    assert!(
+        matches!(unknown, Err(Error::InvalidConfig(_))),
+        "{unknown:?}"
+    );
     let reserved = AnyLocker::builder(&location).table("order").connect().await;
     assert!(
         matches!(reserved, Err(Error::InvalidTableName { .. })),
