@@ -149,11 +149,8 @@ impl AnyLocker {
     /// The database's name as sqlx gives it: `"PostgreSQL"`, `"MySQL"` (also for
     /// MariaDB) or `"SQLite"`.
     pub fn backend(&self) -> &'static str {
-        fn name<DB: sqlx::Database>(_: &Locker<DB>) -> &'static str
-        where
-            DB: crate::dialect::Backend,
-        {
-            DB::NAME
+        fn name<DB: crate::dialect::Backend>(_: &Locker<DB>) -> &'static str {
+            <DB as sqlx::Database>::NAME
         }
         dispatch!(self, AnyLocker, locker => name(locker))
     }
