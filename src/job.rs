@@ -11,7 +11,7 @@ use crate::config::{validate_key, validate_lease, validate_range};
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
-use crate::locker::{Locker, run_holding};
+use crate::locker::{Held, Locker, run_holding};
 
 /// A scheduled job's lock, built by [`Locker::job`]; run it with [`run`](Self::run).
 ///
@@ -123,6 +123,19 @@ impl<DB: Backend> Job<'_, DB> {
     where
         E: From<Error>,
     {
+        self.run_as(std::convert::identity, work).await
+    }
+
+    /// [`run`](Self::run) with the won guard wrapped by `wrap` before `work` sees it (an
+    /// [`AnyJob`](crate::AnyJob) hands `work` an [`AnyGuard`](crate::AnyGuard)).
+    pub(crate) async fn run_as<G: Held, T, E>(
+        self,
+        wrap: impl FnOnce(LockGuard<DB>) -> G,
+        work: impl AsyncFnOnce(&G) -> Result<T, E>,
+    ) -> Result<Option<T>, E>
+    where
+        E: From<Error>,
+    {
         let span = tracing::info_span!(
             "job",
             key = %self.key,
@@ -141,7 +154,7 @@ impl<DB: Backend> Job<'_, DB> {
                     return Err(err.into());
                 }
             };
-            let outcome = run_holding(guard, work).await;
+            let outcome = run_holding(wrap(guard), work).await;
             let said = if outcome.is_ok() { "ran" } else { "failed" };
             tracing::Span::current().record("outcome", said);
             outcome.map(Some)

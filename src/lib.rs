@@ -14,6 +14,7 @@ compile_error!(
 // the crate docs' "Architecture"; tests/architecture.rs checks it).
 // API: what users call.
 mod admin;
+mod any;
 mod election;
 mod fencing;
 mod guard;
@@ -54,6 +55,7 @@ mod retry;
 mod stats;
 
 pub use admin::{LockFilter, LockInfo, MAX_HELD_LONGER_THAN, MAX_LIST_LIMIT};
+pub use any::{AnyGuard, AnyJob, AnyLocker, AnyLockerBuilder, DEFAULT_ANY_MAX_CONNECTIONS};
 pub use config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RELAXED_TABLE,
     DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, Durability,

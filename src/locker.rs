@@ -711,37 +711,63 @@ impl<DB: Backend> Locker<DB> {
     }
 }
 
+/// What [`run_holding`] needs of a guard: a [`LockGuard`], or an
+/// [`AnyGuard`](crate::AnyGuard) over one, so that the work receives the guard type its
+/// caller asked for while the hold-and-release logic stays in one place.
+pub(crate) trait Held: Sized {
+    /// The locked key.
+    fn held_key(&self) -> &str;
+    /// Completes with the reason when the lease is lost.
+    fn on_lost(&self) -> impl Future<Output = crate::error::LostReason> + Send + '_;
+    /// The guard's release.
+    fn release_held(self) -> impl Future<Output = Result<()>> + Send;
+}
+
+impl<DB: Backend> Held for LockGuard<DB> {
+    fn held_key(&self) -> &str {
+        self.key()
+    }
+
+    fn on_lost(&self) -> impl Future<Output = crate::error::LostReason> + Send + '_ {
+        self.lost()
+    }
+
+    fn release_held(self) -> impl Future<Output = Result<()>> + Send {
+        self.release()
+    }
+}
+
 /// Runs `work` while `guard` holds its lock, then releases it whether `work` succeeded
 /// or not; a lost lease cancels `work` (see [`Locker::with_lock`]).
-pub(crate) async fn run_holding<DB: Backend, T, E>(
-    guard: LockGuard<DB>,
-    work: impl AsyncFnOnce(&LockGuard<DB>) -> Result<T, E>,
+pub(crate) async fn run_holding<G: Held, T, E>(
+    guard: G,
+    work: impl AsyncFnOnce(&G) -> Result<T, E>,
 ) -> Result<T, E>
 where
     E: From<Error>,
 {
-    let key = guard.key().to_owned();
+    let key = guard.held_key().to_owned();
     let key = key.as_str();
     let outcome = tokio::select! {
         biased;
-        reason = guard.lost() => Err(reason),
+        reason = guard.on_lost() => Err(reason),
         output = work(&guard) => Ok(output),
     };
     match outcome {
         Ok(Ok(output)) => {
-            guard.release().await?;
+            guard.release_held().await?;
             Ok(output)
         }
         Ok(Err(err)) => {
             // The work's error is the one to report; the release still runs.
-            if let Err(release) = guard.release().await {
+            if let Err(release) = guard.release_held().await {
                 tracing::debug!(key, error = %release, "release after failed work");
             }
             Err(err)
         }
         Err(reason) => {
             // The row is no longer ours; this only stops renewal and tidies up.
-            guard.release().await.ok();
+            guard.release_held().await.ok();
             Err(Error::LockLost {
                 key: key.to_owned(),
                 reason,

@@ -16,6 +16,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "lib",
             "admin",
+            "any",
             "election",
             "fencing",
             "guard",

@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use dblock::sqlx::{Sqlite, SqlitePool};
-use dblock::{Decision, Error, LockGuard, Locker, Outcome, RowLockMode, RowLocker, Versioned};
+use dblock::{
+    AnyGuard, AnyLocker, Decision, Error, LockGuard, Locker, Outcome, RowLockMode, RowLocker,
+    Versioned,
+};
 
 const LEASE: Duration = Duration::from_secs(30);
 const WAIT: Duration = Duration::from_secs(10);
@@ -194,5 +197,50 @@ async fn election_run_in_spawned_tasks() {
     assert_eq!(terms.load(Ordering::SeqCst), 2);
     locker.shutdown().await;
     pool.close().await;
+    remove(&path);
+}
+
+/// `AnyLocker`'s `with_lock`, `try_with_lock` and `job(..).run` in spawned tasks, their
+/// work taking the `&AnyGuard`: borrowing, `async move`, and returning an `async move`
+/// block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_locker_helpers_in_spawned_tasks() {
+    let (pool, path) = pool().await;
+    pool.close().await;
+    let locker = AnyLocker::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    locker.migrate().await.unwrap();
+    let runs = std::sync::Arc::new(AtomicU32::new(0));
+
+    let (l, name, counter) = (locker.clone(), String::from("with_lock"), runs.clone());
+    let with_lock = tokio::spawn(async move {
+        l.with_lock("k1", LEASE, WAIT, async |guard: &AnyGuard| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(format!("{name} {}", guard.key()))
+        })
+        .await
+    });
+    let (l, name) = (locker.clone(), String::from("try_with_lock"));
+    let try_with_lock = tokio::spawn(async move {
+        l.try_with_lock("k2", LEASE, async move |_guard: &AnyGuard| {
+            Ok::<_, Error>(name)
+        })
+        .await
+    });
+    let (l, name) = (locker.clone(), String::from("job"));
+    let job = tokio::spawn(async move {
+        l.job("k3")
+            .run(|_guard: &AnyGuard| async move { Ok::<_, Error>(name) })
+            .await
+    });
+    assert_eq!(with_lock.await.unwrap().unwrap(), "with_lock k1");
+    assert_eq!(
+        try_with_lock.await.unwrap().unwrap().as_deref(),
+        Some("try_with_lock")
+    );
+    assert_eq!(job.await.unwrap().unwrap().as_deref(), Some("job"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    locker.shutdown().await;
     remove(&path);
 }

@@ -150,6 +150,10 @@ impl TestBackend for Postgres {
         servers::postgres_url()
     }
 
+    fn url(location: &str) -> String {
+        location.to_owned()
+    }
+
     async fn connect(location: &str, max: u32) -> Pool<Self> {
         connect_server(PgPoolOptions::new().max_connections(max), location).await
     }
@@ -215,6 +219,10 @@ impl TestBackend for MySql {
         servers::mysql_url()
     }
 
+    fn url(location: &str) -> String {
+        location.to_owned()
+    }
+
     async fn connect(location: &str, max: u32) -> Pool<Self> {
         connect_server(MySqlPoolOptions::new().max_connections(max), location).await
     }
@@ -258,6 +266,11 @@ impl TestBackend for Sqlite {
         let name = format!("dblock-test-{}.sqlite3", uuid::Uuid::new_v4().simple());
         let path = std::env::temp_dir().join(name);
         Ok(path.to_str().expect("a UTF-8 temp dir").to_owned())
+    }
+
+    /// The file [`locate`](Self::locate) named, which [`connect`](Self::connect) creates.
+    fn url(location: &str) -> String {
+        format!("sqlite://{location}")
     }
 
     async fn connect(location: &str, max: u32) -> Pool<Self> {

@@ -51,6 +51,10 @@ pub trait TestBackend: Backend {
     /// the backend is unavailable.
     fn locate() -> Result<String, Unavailable>;
 
+    /// `location` as a database URL, whose scheme names the backend (what
+    /// [`dblock::AnyLocker::connect`] takes).
+    fn url(location: &str) -> String;
+
     /// A pool on `location` with at most `max` connections.
     fn connect(location: &str, max: u32) -> impl Future<Output = Pool<Self>> + Send;
 

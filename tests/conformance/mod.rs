@@ -3,6 +3,7 @@
 
 mod admin;
 mod adversary;
+mod any;
 mod engine;
 mod fair;
 mod fencing;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 pub use admin::*;
 pub use adversary::*;
+pub use any::*;
 pub use engine::*;
 pub use fair::*;
 pub use fencing::*;
@@ -120,6 +122,12 @@ macro_rules! conformance_suite {
             cancelled_primitives_leave_no_rows,
             primitives_hear_releases_elsewhere,
             fenced_writes_tell_a_lost_lock_from_a_conflict,
+            any_locker_has_one_winner_per_round,
+            any_locker_with_lock_excludes,
+            any_locker_tokens_increase_and_release_is_owner_checked,
+            any_locker_times_out,
+            any_locker_job_runs_once,
+            any_locker_refuses_bad_input,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
