@@ -182,6 +182,29 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// [`DEFAULT_RELAXED_TABLE`] with [`Durability::Relaxed`]. Must be a plain identifier
     /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 bytes) that no backend reserves (not `order`,
     /// `user`, `key`, ...); checked by [`build`](Self::build).
+    ///
+    /// On PostgreSQL the name may be schema-qualified, `schema.table` (each part such an
+    /// identifier, the schema not `pg_*`, the whole at most
+    /// [`MAX_QUALIFIED_TABLE_NAME_BYTES`](crate::MAX_QUALIFIED_TABLE_NAME_BYTES)): every
+    /// relation [`migrate`](Locker::migrate) makes for it (its fencing sequence, ticket
+    /// table, `<table>_history`, indexes) goes into that schema, which must exist already:
+    /// dblock creates no schema, whose owner and grants are the operator's to choose (until
+    /// it exists, the table is [`Error::MissingTable`]). Unqualified names resolve through
+    /// the `search_path`, as before. MySQL/MariaDB refuse a qualified name (a MySQL
+    /// database is the schema: name it in the connection URL), and so does SQLite; both
+    /// as [`Error::InvalidTableName`], before anything is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let locker = dblock::Locker::builder(pool.clone()).table("job_locks").build()?;
+    /// assert_eq!(locker.table(), "job_locks");
+    /// // `locks.job_locks` would name a schema's table on PostgreSQL; SQLite has none.
+    /// let qualified = dblock::Locker::builder(pool).table("locks.job_locks").build();
+    /// assert!(matches!(qualified, Err(dblock::Error::InvalidTableName { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = Some(name.into());
         self
@@ -279,7 +302,7 @@ impl<DB: Backend> LockerBuilder<DB> {
             (None, Durability::Relaxed) => DEFAULT_RELAXED_TABLE.to_owned(),
             (None, _) => DEFAULT_TABLE.to_owned(),
         };
-        validate_table_name(&table)?;
+        validate_table_name(&table, DB::REFUSED_QUALIFIED)?;
         if self.durability == Durability::Relaxed && table == DEFAULT_TABLE {
             return Err(Error::InvalidConfig(format!(
                 "Durability::Relaxed needs a table of its own, not the durable default \

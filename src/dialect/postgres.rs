@@ -252,6 +252,8 @@ const MIGRATION_LOCK: &str =
 impl super::sealed::Sealed for Postgres {}
 
 impl Dialect for Postgres {
+    const REFUSED_QUALIFIED: Option<&'static str> = None;
+
     type Statements = Statements;
 
     fn statements(table: &str, durability: Durability) -> Statements {
@@ -464,8 +466,9 @@ impl ErrorCodes for Postgres {
     }
 
     fn is_missing_table(err: &sqlx::Error) -> bool {
-        // undefined_table
-        db_code(err).as_deref() == Some("42P01")
+        // undefined_table; invalid_schema_name: a qualified table whose schema is missing
+        // (migrate does not create schemas) is missing too
+        matches!(db_code(err).as_deref(), Some("42P01" | "3F000"))
     }
 
     fn missing_column(err: &sqlx::Error) -> Option<String> {
