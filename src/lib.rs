@@ -49,6 +49,7 @@ mod error;
 mod ident;
 mod inflight;
 mod jobs;
+mod key_label;
 mod metrics;
 mod retry;
 mod stats;
@@ -67,6 +68,7 @@ pub use election::{
 pub use error::{Error, LostReason, Result};
 pub use guard::LockGuard;
 pub use job::Job;
+pub use key_label::KeyLabel;
 pub use locker::{Holder, Locker, LockerBuilder};
 pub use migrate::MigrationScript;
 pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};

@@ -18,6 +18,7 @@ use crate::core::{Core, Listen, Settings};
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::key_label::KeyLabel;
 use crate::lease::Lease;
 use crate::line::Terms;
 use crate::metrics::{self, Kind};
@@ -175,6 +176,7 @@ pub struct LockerBuilder<DB: Backend> {
     listen: bool,
     listener_options: Option<ConnectOptions<DB>>,
     fair: bool,
+    key_label: KeyLabel,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -295,6 +297,34 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
+    /// Adds a `key` label to the acquisition, hold and failure metrics
+    /// (`distributed_lock_acquire_duration_seconds`, `distributed_lock_hold_duration_seconds`,
+    /// `distributed_lock_failures_total`; feature `metrics`), so that an operator sees
+    /// which locks are contended. Default: [`KeyLabel::Off`], only `table`.
+    ///
+    /// **Mind the cardinality**: each distinct value is a time series of its own for the
+    /// life of the process. [`KeyLabel::Prefix`] (the key up to its first `:`) stays
+    /// bounded when keys are named `<kind>:<id>`; [`KeyLabel::Full`] is for a few fixed
+    /// keys only. The gauges and renewal counter keep only `table`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// use dblock::KeyLabel;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// // `invoice:42` is recorded with `key="invoice"`.
+    /// let locker = dblock::Locker::builder(pool)
+    ///     .metrics_key_label(KeyLabel::Prefix)
+    ///     .build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    pub fn metrics_key_label(mut self, label: KeyLabel) -> Self {
+        self.key_label = label;
+        self
+    }
+
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
         let table = match (self.table, self.durability) {
@@ -345,6 +375,7 @@ impl<DB: Backend> LockerBuilder<DB> {
                 owner_prefix,
                 default_lease,
                 renew_interval,
+                key_label: self.key_label,
             })),
             auto_renew: self.auto_renew,
         })
@@ -422,6 +453,7 @@ impl<DB: Backend> Locker<DB> {
             listen: true,
             listener_options: None,
             fair: false,
+            key_label: KeyLabel::Off,
         }
     }
 
