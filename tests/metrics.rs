@@ -518,7 +518,10 @@ pub async fn key_label_names_the_key<DB: TestBackend>() {
             .is_none()
     );
     db.plain.insert("report", "plain-client", 60).await.unwrap();
-    match prefix.acquire("report", LONG, Duration::from_millis(100)).await {
+    match prefix
+        .acquire("report", LONG, Duration::from_millis(100))
+        .await
+    {
         Err(Error::Timeout { .. }) => {}
         other => panic!("a wait on a held key: {other:?}"),
     }

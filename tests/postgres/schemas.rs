@@ -9,7 +9,8 @@ use dblock::{Error, LockFilter, Locker, Postgres, RetryPolicy};
 use sqlx::PgPool;
 use tokio::time::{Instant, timeout};
 
-use crate::common::{TestBackend, TestDb, wait_until};
+use crate::common::schemas::Schemas;
+use crate::common::{TestDb, wait_until};
 
 const LONG: Duration = Duration::from_secs(30);
 /// Bound for anything awaited or polled: far above what a healthy run needs.
@@ -21,54 +22,6 @@ const SLEEPY: RetryPolicy = RetryPolicy {
     max: Duration::from_secs(60),
 };
 const WOKEN_WITHIN: Duration = Duration::from_secs(10);
-
-/// Schemas of one test, dropped with everything in them when it ends, also after a failed
-/// assertion (on a thread and runtime of their own, as `TestDb` drops its tables).
-pub(crate) struct Schemas {
-    location: String,
-    pub(crate) names: Vec<String>,
-}
-
-impl Schemas {
-    /// `n` fresh schema names; only the first `created` are created.
-    pub(crate) async fn new(pool: &PgPool, location: &str, n: usize, created: usize) -> Self {
-        let names: Vec<String> = (0..n)
-            .map(|_| format!("s_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]))
-            .collect();
-        for name in &names[..created] {
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}")))
-                .execute(pool)
-                .await
-                .unwrap();
-        }
-        Schemas {
-            location: location.to_owned(),
-            names,
-        }
-    }
-}
-
-impl Drop for Schemas {
-    fn drop(&mut self) {
-        let location = self.location.clone();
-        let names = self.names.join(", ");
-        let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for cleanup");
-            runtime.block_on(async {
-                let pool = Postgres::connect(&location, 1).await;
-                let drop = format!("DROP SCHEMA IF EXISTS {names} CASCADE");
-                if let Err(err) = sqlx::query(sqlx::AssertSqlSafe(drop)).execute(&pool).await {
-                    eprintln!("cleanup of schemas {names} failed: {err}");
-                }
-                pool.close().await;
-            });
-        });
-        let _ = cleanup.join();
-    }
-}
 
 /// The relations of `schema`, by name.
 async fn relations(pool: &PgPool, schema: &str) -> Vec<String> {
