@@ -466,9 +466,8 @@ impl ErrorCodes for Postgres {
     }
 
     fn is_missing_table(err: &sqlx::Error) -> bool {
-        // undefined_table; invalid_schema_name: a qualified table whose schema is missing
-        // (migrate does not create schemas) is missing too
-        matches!(db_code(err).as_deref(), Some("42P01" | "3F000"))
+        // undefined_table (also for a qualified table whose schema does not exist)
+        db_code(err).as_deref() == Some("42P01")
     }
 
     fn missing_column(err: &sqlx::Error) -> Option<String> {

@@ -163,7 +163,15 @@ async fn a_missing_schema_is_a_missing_table() {
     let missing = &schemas.names[0];
     let table = format!("{missing}.distributed_lock");
     let locker = locker(&db.pool, &table);
-    assert!(locker.migrate().await.is_err(), "dblock creates no schema");
+    let refused = locker
+        .migrate()
+        .await
+        .expect_err("dblock creates no schema");
+    let said = format!("{refused:?}");
+    assert!(
+        said.contains(&format!("schema \\\"{missing}\\\" does not exist")),
+        "{said}"
+    );
     let count = format!("SELECT COUNT(*) FROM pg_namespace WHERE nspname = '{missing}'");
     assert_eq!(scalar(&db.pool, count).await, 0);
     match locker.try_acquire("k", LONG).await {
@@ -238,4 +246,34 @@ async fn a_release_in_a_schema_wakes_its_waiters() {
         }
         guard.release().await.unwrap();
     }
+}
+
+/// A relaxed (UNLOGGED) table in a schema: its epoch table and function go there too,
+/// and it acquires with tokens from the schema's sequence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relaxed_table_in_a_schema() {
+    let Some(db) = TestDb::<Postgres>::open_unmigrated().await else {
+        return;
+    };
+    let schemas = Schemas::new(&db.pool, &db.location, 1, 1).await;
+    let schema = &schemas.names[0];
+    let table = format!("{schema}.fast_lock");
+    let relaxed = Locker::builder(db.pool.clone())
+        .table(&table)
+        .durability(dblock::Durability::Relaxed)
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    assert_eq!(relaxed.migrate().await.unwrap(), 4);
+    let names = relations(&db.pool, schema).await;
+    assert!(names.iter().any(|n| n == "fast_lock_epoch"), "{names:?}");
+    let function = format!(
+        "SELECT COUNT(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+          WHERE n.nspname = '{schema}' AND p.proname = 'fast_lock_new_epoch'"
+    );
+    assert_eq!(scalar(&db.pool, function).await, 1);
+    let guard = relaxed.try_acquire("k", LONG).await.unwrap().expect("free");
+    let drawn = format!("SELECT last_value FROM {table}_fencing_seq");
+    assert_eq!(scalar(&db.pool, drawn).await, guard.fencing_token());
+    guard.release().await.unwrap();
 }
