@@ -47,6 +47,10 @@ pub const MAX_OWNER_PREFIX_BYTES: usize = 32;
 /// Longest accepted table name. Derived objects (`<table>_fencing_seq`, `<table>_history`,
 /// index and trigger names) must stay within PostgreSQL's 63 and MySQL's 64 characters.
 pub const MAX_TABLE_NAME_BYTES: usize = 40;
+/// Longest accepted schema-qualified table name (`schema.table`, PostgreSQL only), each
+/// part at most [`MAX_TABLE_NAME_BYTES`]: the wake-up channel `dblock:<schema>.<table>`
+/// must fit PostgreSQL's 63-byte identifiers.
+pub const MAX_QUALIFIED_TABLE_NAME_BYTES: usize = 56;
 /// Shortest accepted lease: SQLite's clock counts milliseconds.
 pub const MIN_LEASE: Duration = Duration::from_millis(1);
 /// Longest accepted lease (one day). Longer work should keep a shorter lease renewed.
@@ -188,32 +192,137 @@ pub(crate) fn validate_range(
     Ok(())
 }
 
+/// The unqualified part of a validated table name: the table itself, without its schema.
+/// Index names take it, since PostgreSQL creates an index in its table's schema and
+/// refuses a qualified index name.
+pub(crate) fn unqualified(table: &str) -> &str {
+    table.rsplit('.').next().unwrap_or(table)
+}
+
+/// Checks a lock table's name: one plain identifier (see [`validate_identifier`]), or on a
+/// backend that takes them (`refused_qualified` is `None`; else it is why not),
+/// `schema.table` with both parts plain identifiers,
+/// the schema not one of PostgreSQL's own (`pg_*`), and the whole at most
+/// [`MAX_QUALIFIED_TABLE_NAME_BYTES`]. The one place a table name's rules live.
+pub(crate) fn validate_table_name(
+    name: &str,
+    refused_qualified: Option<&'static str>,
+) -> Result<()> {
+    let refuse = |reason| {
+        Err(Error::InvalidTableName {
+            name: name.to_owned(),
+            reason,
+        })
+    };
+    let Some((schema, table)) = name.split_once('.') else {
+        return validate_identifier(name);
+    };
+    if let Some(reason) = refused_qualified {
+        return refuse(reason);
+    }
+    if table.contains('.') {
+        return refuse("a qualified name has one dot: schema.table");
+    }
+    if name.len() > MAX_QUALIFIED_TABLE_NAME_BYTES {
+        return refuse(
+            "a schema-qualified name is longer than 56 bytes (the NOTIFY channel \
+             dblock:<schema>.<table> must fit PostgreSQL's 63-byte identifiers)",
+        );
+    }
+    if let Some(problem) = identifier_problem(schema) {
+        return refuse(problem.reason(Part::Schema));
+    }
+    if schema.to_ascii_lowercase().starts_with("pg_") {
+        return refuse("PostgreSQL reserves schema names starting with pg_");
+    }
+    match identifier_problem(table) {
+        Some(problem) => refuse(problem.reason(Part::Table)),
+        None => Ok(()),
+    }
+}
+
 /// Accepts plain identifiers only: `[A-Za-z_][A-Za-z0-9_]*`, at most
 /// [`MAX_TABLE_NAME_BYTES`], and not a word any of the backends reserves (see
 /// [`RESERVED_WORDS`]). Such a name needs no quoting on any backend, so it can be spliced
 /// into SQL text without opening a door to injection, and the same name works everywhere.
-pub(crate) fn validate_table_name(name: &str) -> Result<()> {
+pub(crate) fn validate_identifier(name: &str) -> Result<()> {
+    match identifier_problem(name) {
+        Some(problem) => Err(Error::InvalidTableName {
+            name: name.to_owned(),
+            reason: problem.reason(Part::Whole),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Which part of a name a reason speaks of.
+#[derive(Clone, Copy)]
+enum Part {
+    Whole,
+    Schema,
+    Table,
+}
+
+/// What is wrong with an identifier.
+#[derive(Clone, Copy)]
+enum Problem {
+    Empty,
+    TooLong,
+    BadStart,
+    BadCharacter,
+    Reserved,
+    SqlitePrefix,
+}
+
+impl Problem {
+    fn reason(self, part: Part) -> &'static str {
+        use Part::*;
+        use Problem::*;
+        match (self, part) {
+            (Empty, Whole) => "the name is empty",
+            (Empty, Schema) => "the schema name is empty",
+            (Empty, Table) => "the table name after the schema is empty",
+            (TooLong, Whole) => "the name is longer than 40 bytes",
+            (TooLong, Schema) => "the schema name is longer than 40 bytes",
+            (TooLong, Table) => "the table name after the schema is longer than 40 bytes",
+            (BadStart, Whole) => "the name must start with an ASCII letter or underscore",
+            (BadStart, Schema) => "the schema name must start with an ASCII letter or underscore",
+            (BadStart, Table) => {
+                "the table name after the schema must start with an ASCII letter or underscore"
+            }
+            (BadCharacter, Whole) => "the name may hold only ASCII letters, digits and underscores",
+            (BadCharacter, Schema | Table) => {
+                "each part of a qualified name may hold only ASCII letters, digits and underscores"
+            }
+            (Reserved, Whole) => {
+                "the name is a reserved SQL word on PostgreSQL, MySQL/MariaDB or SQLite"
+            }
+            (Reserved, Schema) => {
+                "the schema name is a reserved SQL word on PostgreSQL, MySQL/MariaDB or SQLite"
+            }
+            (Reserved, Table) => {
+                "the table name after the schema is a reserved SQL word on PostgreSQL, \
+                 MySQL/MariaDB or SQLite"
+            }
+            (SqlitePrefix, _) => "SQLite reserves names starting with sqlite_",
+        }
+    }
+}
+
+fn identifier_problem(name: &str) -> Option<Problem> {
     let mut chars = name.chars();
     let lower = name.to_ascii_lowercase();
-    let reason = match chars.next() {
-        None => "the name is empty",
-        Some(_) if name.len() > MAX_TABLE_NAME_BYTES => "the name is longer than 40 bytes",
-        Some(first) if !(first.is_ascii_alphabetic() || first == '_') => {
-            "the name must start with an ASCII letter or underscore"
-        }
+    match chars.next() {
+        None => Some(Problem::Empty),
+        Some(_) if name.len() > MAX_TABLE_NAME_BYTES => Some(Problem::TooLong),
+        Some(first) if !(first.is_ascii_alphabetic() || first == '_') => Some(Problem::BadStart),
         Some(_) if !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') => {
-            "the name may hold only ASCII letters, digits and underscores"
+            Some(Problem::BadCharacter)
         }
-        Some(_) if RESERVED_WORDS.binary_search(&lower.as_str()).is_ok() => {
-            "the name is a reserved SQL word on PostgreSQL, MySQL/MariaDB or SQLite"
-        }
-        Some(_) if lower.starts_with("sqlite_") => "SQLite reserves names starting with sqlite_",
-        Some(_) => return Ok(()),
-    };
-    Err(Error::InvalidTableName {
-        name: name.to_owned(),
-        reason,
-    })
+        Some(_) if RESERVED_WORDS.binary_search(&lower.as_str()).is_ok() => Some(Problem::Reserved),
+        Some(_) if lower.starts_with("sqlite_") => Some(Problem::SqlitePrefix),
+        Some(_) => None,
+    }
 }
 
 /// Words that cannot name a table unquoted on at least one backend, lower case, sorted
@@ -336,8 +445,10 @@ mod tests {
 
     #[test]
     fn table_names() {
+        let refused = Some("no schemas here");
         for ok in ["distributed_lock", "_x", "L1"] {
-            assert!(validate_table_name(ok).is_ok(), "{ok}");
+            assert!(validate_table_name(ok, refused).is_ok(), "{ok}");
+            assert!(validate_table_name(ok, None).is_ok(), "{ok}");
         }
         for bad in [
             "",
@@ -354,8 +465,47 @@ mod tests {
             "key",
             "sqlite_locks",
         ] {
-            assert!(validate_table_name(bad).is_err(), "{bad}");
+            assert!(validate_table_name(bad, None).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn qualified_table_names() {
+        let reason = |name: &str, schemas| match validate_table_name(name, schemas) {
+            Err(Error::InvalidTableName { name: n, reason }) if n == name => reason,
+            other => panic!("{name}: {other:?}"),
+        };
+        let fits = format!("{}.{}", "s".repeat(15), "t".repeat(40));
+        assert_eq!(fits.len(), MAX_QUALIFIED_TABLE_NAME_BYTES);
+        for ok in ["locks.distributed_lock", "_s.t", fits.as_str()] {
+            assert!(validate_table_name(ok, None).is_ok(), "{ok}");
+            assert_eq!(reason(ok, Some("why")), "why");
+        }
+        assert_eq!(unqualified("locks.distributed_lock"), "distributed_lock");
+        assert_eq!(unqualified("distributed_lock"), "distributed_lock");
+        let q = None;
+        assert_eq!(
+            reason("a.b.c", q),
+            "a qualified name has one dot: schema.table"
+        );
+        assert_eq!(reason(".t", q), "the schema name is empty");
+        assert_eq!(reason("s.", q), "the table name after the schema is empty");
+        assert!(reason(&format!("{fits}x"), q).contains("longer than 56 bytes"));
+        assert!(reason(&format!("{}.t", "s".repeat(41)), q).contains("longer than 40"));
+        assert!(reason(&format!("s.{}", "t".repeat(41)), q).contains("longer than 40"));
+        assert!(reason("order.t", q).starts_with("the schema name is a reserved"));
+        assert!(reason("s.order", q).starts_with("the table name after the schema is a reserved"));
+        assert!(reason("1s.t", q).starts_with("the schema name must start"));
+        assert!(reason("s.t-x", q).starts_with("each part"));
+        assert!(reason("s x.t", q).starts_with("each part"));
+        assert_eq!(
+            reason("pg_catalog.t", q),
+            "PostgreSQL reserves schema names starting with pg_"
+        );
+        assert_eq!(
+            reason("PG_x.t", q),
+            "PostgreSQL reserves schema names starting with pg_"
+        );
     }
 
     #[test]

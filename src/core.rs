@@ -13,6 +13,7 @@ use crate::dialect::Backend;
 use crate::engine::{self, Engine};
 use crate::fair::{Fair, Tickets};
 use crate::jobs::Jobs;
+use crate::key_label::KeyLabel;
 use crate::metrics::TableMetrics;
 use crate::queue::LocalQueues;
 use crate::stats::Counters;
@@ -58,12 +59,13 @@ pub(crate) struct Settings<DB: Backend> {
     pub(crate) owner_prefix: String,
     pub(crate) default_lease: Duration,
     pub(crate) renew_interval: Duration,
+    pub(crate) key_label: KeyLabel,
 }
 
 impl<DB: Backend> Core<DB> {
     pub(crate) fn new(settings: Settings<DB>) -> Self {
         let table = Arc::new(settings.table);
-        let metrics = TableMetrics::new(table.name());
+        let metrics = TableMetrics::new(table.name(), settings.key_label);
         let counters = Arc::new(Counters::default());
         let queues = Arc::new(LocalQueues::new(metrics.clone()));
         let listen = settings.listen;

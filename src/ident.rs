@@ -1,6 +1,6 @@
 //! [`Ident`]: a table or column name that may be spliced into SQL text.
 
-use crate::config::validate_table_name;
+use crate::config::validate_identifier;
 use crate::error::Result;
 
 /// A table or column name that passed the lock table's own identifier rule
@@ -12,11 +12,11 @@ use crate::error::Result;
 pub(crate) struct Ident(String);
 
 impl Ident {
-    /// Checks `name`; the one rule is `validate_table_name`, so every identifier dblock
+    /// Checks `name`; the one rule is `validate_identifier`, so every identifier dblock
     /// accepts, lock table or user table, follows the same rule.
     pub(crate) fn new(name: impl Into<String>) -> Result<Self> {
         let name = name.into();
-        validate_table_name(&name)?;
+        validate_identifier(&name)?;
         Ok(Ident(name))
     }
 

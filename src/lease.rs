@@ -272,7 +272,7 @@ impl Lease {
             if first {
                 status.lost = Some(reason);
                 // Under the lock: whoever reads the loss also sees it counted.
-                metrics::failure(&self.metrics, Failure::Lost(reason));
+                metrics::failure(&self.metrics, Failure::Lost(reason), &self.key);
                 self.end_hold();
             }
             first
@@ -306,7 +306,11 @@ impl Lease {
     pub(crate) fn end_hold(&self) {
         if !self.hold_ended.swap(true, Ordering::AcqRel) {
             metrics::held(&self.metrics, -1);
-            metrics::hold_time(&self.metrics, self.acquired_at.elapsed().as_secs_f64());
+            metrics::hold_time(
+                &self.metrics,
+                &self.key,
+                self.acquired_at.elapsed().as_secs_f64(),
+            );
         }
     }
 }

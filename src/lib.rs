@@ -50,6 +50,7 @@ mod error;
 mod ident;
 mod inflight;
 mod jobs;
+mod key_label;
 mod metrics;
 mod retry;
 mod stats;
@@ -59,8 +60,8 @@ pub use any::{AnyGuard, AnyJob, AnyLocker, AnyLockerBuilder, DEFAULT_ANY_MAX_CON
 pub use config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL, DEFAULT_RELAXED_TABLE,
     DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX, DEFAULT_TABLE, Durability,
-    MAX_KEY_BYTES, MAX_LEASE, MAX_OWNER_PREFIX_BYTES, MAX_TABLE_NAME_BYTES, MAX_WAIT, MIN_LEASE,
-    RetryPolicy,
+    MAX_KEY_BYTES, MAX_LEASE, MAX_OWNER_PREFIX_BYTES, MAX_QUALIFIED_TABLE_NAME_BYTES,
+    MAX_TABLE_NAME_BYTES, MAX_WAIT, MIN_LEASE, RetryPolicy,
 };
 pub use dialect::{Backend, LockId};
 pub use election::{
@@ -69,6 +70,7 @@ pub use election::{
 pub use error::{Error, LostReason, Result};
 pub use guard::LockGuard;
 pub use job::Job;
+pub use key_label::KeyLabel;
 pub use locker::{Holder, Locker, LockerBuilder};
 pub use migrate::MigrationScript;
 pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};

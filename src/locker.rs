@@ -18,6 +18,7 @@ use crate::core::{Core, Listen, Settings};
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::key_label::KeyLabel;
 use crate::lease::Lease;
 use crate::line::Terms;
 use crate::metrics::{self, Kind};
@@ -175,6 +176,7 @@ pub struct LockerBuilder<DB: Backend> {
     listen: bool,
     listener_options: Option<ConnectOptions<DB>>,
     fair: bool,
+    key_label: KeyLabel,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -182,6 +184,29 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// [`DEFAULT_RELAXED_TABLE`] with [`Durability::Relaxed`]. Must be a plain identifier
     /// (`[A-Za-z_][A-Za-z0-9_]*`, at most 40 bytes) that no backend reserves (not `order`,
     /// `user`, `key`, ...); checked by [`build`](Self::build).
+    ///
+    /// On PostgreSQL the name may be schema-qualified, `schema.table` (each part such an
+    /// identifier, the schema not `pg_*`, the whole at most
+    /// [`MAX_QUALIFIED_TABLE_NAME_BYTES`](crate::MAX_QUALIFIED_TABLE_NAME_BYTES)): every
+    /// relation [`migrate`](Locker::migrate) makes for it (its fencing sequence, ticket
+    /// table, `<table>_history`, indexes) goes into that schema, which must exist already:
+    /// dblock creates no schema, whose owner and grants are the operator's to choose (until
+    /// it exists, the table is [`Error::MissingTable`]). Unqualified names resolve through
+    /// the `search_path`, as before. MySQL/MariaDB refuse a qualified name (a MySQL
+    /// database is the schema: name it in the connection URL), and so does SQLite; both
+    /// as [`Error::InvalidTableName`], before anything is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let locker = dblock::Locker::builder(pool.clone()).table("job_locks").build()?;
+    /// assert_eq!(locker.table(), "job_locks");
+    /// // `locks.job_locks` would name a schema's table on PostgreSQL; SQLite has none.
+    /// let qualified = dblock::Locker::builder(pool).table("locks.job_locks").build();
+    /// assert!(matches!(qualified, Err(dblock::Error::InvalidTableName { .. })));
+    /// # Ok(()) }
+    /// ```
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = Some(name.into());
         self
@@ -272,6 +297,34 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
+    /// Adds a `key` label to the acquisition, hold and failure metrics
+    /// (`distributed_lock_acquire_duration_seconds`, `distributed_lock_hold_duration_seconds`,
+    /// `distributed_lock_failures_total`; feature `metrics`), so that an operator sees
+    /// which locks are contended. Default: [`KeyLabel::Off`], only `table`.
+    ///
+    /// **Mind the cardinality**: each distinct value is a time series of its own for the
+    /// life of the process. [`KeyLabel::Prefix`] (the key up to its first `:`) stays
+    /// bounded when keys are named `<kind>:<id>`; [`KeyLabel::Full`] is for a few fixed
+    /// keys only. The gauges and renewal counter keep only `table`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// use dblock::KeyLabel;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// // `invoice:42` is recorded with `key="invoice"`.
+    /// let locker = dblock::Locker::builder(pool)
+    ///     .metrics_key_label(KeyLabel::Prefix)
+    ///     .build()?;
+    /// # let _ = locker;
+    /// # Ok(()) }
+    /// ```
+    pub fn metrics_key_label(mut self, label: KeyLabel) -> Self {
+        self.key_label = label;
+        self
+    }
+
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
         let table = match (self.table, self.durability) {
@@ -279,7 +332,7 @@ impl<DB: Backend> LockerBuilder<DB> {
             (None, Durability::Relaxed) => DEFAULT_RELAXED_TABLE.to_owned(),
             (None, _) => DEFAULT_TABLE.to_owned(),
         };
-        validate_table_name(&table)?;
+        validate_table_name(&table, DB::REFUSED_QUALIFIED)?;
         if self.durability == Durability::Relaxed && table == DEFAULT_TABLE {
             return Err(Error::InvalidConfig(format!(
                 "Durability::Relaxed needs a table of its own, not the durable default \
@@ -322,6 +375,7 @@ impl<DB: Backend> LockerBuilder<DB> {
                 owner_prefix,
                 default_lease,
                 renew_interval,
+                key_label: self.key_label,
             })),
             auto_renew: self.auto_renew,
         })
@@ -399,6 +453,7 @@ impl<DB: Backend> Locker<DB> {
             listen: true,
             listener_options: None,
             fair: false,
+            key_label: KeyLabel::Off,
         }
     }
 

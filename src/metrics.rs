@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, Span};
 
 use crate::error::{Error, LostReason, Result};
+use crate::key_label::KeyLabel;
 
 /// Histogram, seconds: from the call of `try_acquire` / `acquire` to its outcome.
 pub(crate) const ACQUIRE_TIME: &str = "distributed_lock_acquire_duration_seconds";
@@ -212,6 +213,9 @@ pub(crate) struct TableMetrics(Arc<Keys>);
 
 struct Keys {
     table: Arc<str>,
+    /// Whether the acquisition, hold and failure metrics name the key too: their keys
+    /// below are then the start of one, completed per call (see `keyed`).
+    key_label: KeyLabel,
     #[cfg(feature = "metrics")]
     acquire_time: [[::metrics::Key; Outcome::ALL.len()]; Kind::ALL.len()],
     #[cfg(feature = "metrics")]
@@ -227,8 +231,8 @@ struct Keys {
 }
 
 impl TableMetrics {
-    /// The metrics of the lock table `table`.
-    pub(crate) fn new(table: &str) -> Self {
+    /// The metrics of the lock table `table`, with a `key` label as `key_label` says.
+    pub(crate) fn new(table: &str, key_label: KeyLabel) -> Self {
         let table: Arc<str> = table.into();
         #[cfg(feature = "metrics")]
         let key = |name: &'static str, extra: &[(&'static str, &'static str)]| {
@@ -261,6 +265,7 @@ impl TableMetrics {
             #[cfg(feature = "metrics")]
             renewals: key(RENEWALS, &[]),
             table,
+            key_label,
         }))
     }
 
@@ -340,10 +345,10 @@ async fn acquisition<T>(
     );
     let acquired = in_span(span, || op, |acquired| outcome(acquired).as_str()).await;
     let outcome = outcome(&acquired);
-    acquire_time(metrics, kind, outcome, started.elapsed().as_secs_f64());
+    acquire_time(metrics, kind, outcome, key, started.elapsed().as_secs_f64());
     match outcome {
-        Outcome::Timeout => failure(metrics, Failure::Timeout),
-        Outcome::Error => failure(metrics, Failure::Error),
+        Outcome::Timeout => failure(metrics, Failure::Timeout, key),
+        Outcome::Error => failure(metrics, Failure::Error, key),
         Outcome::Acquired | Outcome::Busy => {}
     }
     acquired
@@ -403,28 +408,58 @@ fn move_gauge(key: &::metrics::Key, delta: i64) {
     }
 }
 
+/// `base` itself, made once, when no `key` label is wanted (the default: no cost per
+/// call); else `base` with the `key` label for `key`, made now.
+#[cfg(feature = "metrics")]
+fn keyed<'a>(
+    metrics: &TableMetrics,
+    base: &'a ::metrics::Key,
+    key: &str,
+) -> std::borrow::Cow<'a, ::metrics::Key> {
+    match metrics.0.key_label.value(key) {
+        None => std::borrow::Cow::Borrowed(base),
+        Some(value) => {
+            let labels: Vec<::metrics::Label> = base
+                .labels()
+                .cloned()
+                .chain([::metrics::Label::new("key", value.to_owned())])
+                .collect();
+            std::borrow::Cow::Owned(::metrics::Key::from_parts(base.name().to_owned(), labels))
+        }
+    }
+}
+
 /// Records an acquisition's time (seconds) and outcome.
-pub(crate) fn acquire_time(metrics: &TableMetrics, kind: Kind, outcome: Outcome, seconds: f64) {
+pub(crate) fn acquire_time(
+    metrics: &TableMetrics,
+    kind: Kind,
+    outcome: Outcome,
+    key: &str,
+    seconds: f64,
+) {
     #[cfg(feature = "metrics")]
-    histogram(&metrics.0.acquire_time[kind as usize][outcome as usize]).record(seconds);
+    {
+        let base = &metrics.0.acquire_time[kind as usize][outcome as usize];
+        histogram(&keyed(metrics, base, key)).record(seconds);
+    }
     #[cfg(not(feature = "metrics"))]
-    let _ = (metrics, kind, outcome, seconds);
+    let _ = (metrics, kind, outcome, key, seconds);
 }
 
-/// Counts a failure.
-pub(crate) fn failure(metrics: &TableMetrics, failure: Failure) {
+/// Counts a failure of `key`.
+pub(crate) fn failure(metrics: &TableMetrics, failure: Failure, key: &str) {
     #[cfg(feature = "metrics")]
-    counter(&metrics.0.failure[failure.index()]).increment(1);
+    counter(&keyed(metrics, &metrics.0.failure[failure.index()], key)).increment(1);
     #[cfg(not(feature = "metrics"))]
-    let _ = (metrics, failure);
+    let _ = (metrics, failure, key);
 }
 
-/// Records how long a lease was held (seconds), once per lease.
-pub(crate) fn hold_time(metrics: &TableMetrics, seconds: f64) {
+/// Records how long a lease of `key` was held (seconds), once per lease.
+pub(crate) fn hold_time(metrics: &TableMetrics, key: &str, seconds: f64) {
     #[cfg(feature = "metrics")]
-    histogram(&metrics.0.hold_time).record(seconds);
+    histogram(&keyed(metrics, &metrics.0.hold_time, key)).record(seconds);
     #[cfg(not(feature = "metrics"))]
-    let _ = (metrics, seconds);
+    let _ = (metrics, key, seconds);
 }
 
 /// Moves the count of held leases by `delta` (+1 when a lease starts, -1 when it ends).
@@ -517,7 +552,7 @@ mod tests {
         }
         #[cfg(feature = "metrics")]
         {
-            let metrics = TableMetrics::new("locks");
+            let metrics = TableMetrics::new("locks", KeyLabel::Off);
             let labels = |key: &::metrics::Key| {
                 key.labels()
                     .map(|l| format!("{}={}", l.key(), l.value()))

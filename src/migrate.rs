@@ -8,7 +8,7 @@ use sqlx::pool::PoolConnection;
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
-use crate::config::Durability;
+use crate::config::{Durability, unqualified};
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 
@@ -84,7 +84,9 @@ pub struct MigrationScript {
 
 /// The scripts for `table`, in order. A relaxed table's create its tables `UNLOGGED` and
 /// add the dialect's relaxed-only steps; the durable scripts are the same text as they
-/// always were (refinery checksums it).
+/// always were (refinery checksums it). `{name}` is the table without its schema (index
+/// names, which PostgreSQL refuses qualified): for an unqualified table it is `{table}`,
+/// so those scripts, and their checksums, are what they were before schemas.
 pub(crate) fn scripts<DB: Backend>(table: &str, durability: Durability) -> Vec<MigrationScript> {
     let (unlogged, extra): (&str, &[(&str, &str)]) = match durability {
         Durability::Relaxed => ("UNLOGGED ", DB::RELAXED_MIGRATIONS),
@@ -97,6 +99,7 @@ pub(crate) fn scripts<DB: Backend>(table: &str, durability: Durability) -> Vec<M
             name: (*name).to_owned(),
             sql: template
                 .replace("{table}", table)
+                .replace("{name}", unqualified(table))
                 .replace("{unlogged}", unlogged),
         })
         .collect()

@@ -313,7 +313,7 @@ mod tests {
 
     #[test]
     fn the_turn_passes_in_arrival_order_and_skips_who_left() {
-        let queues = LocalQueues::new(TableMetrics::new("t"));
+        let queues = LocalQueues::new(TableMetrics::new("t", crate::key_label::KeyLabel::Off));
         let first = queues.join("k");
         let second = queues.join("k");
         let third = queues.join("k");

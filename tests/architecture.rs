@@ -42,7 +42,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "leaves",
         &[
-            "config", "error", "ident", "inflight", "jobs", "metrics", "retry", "stats",
+            "config",
+            "error",
+            "ident",
+            "inflight",
+            "jobs",
+            "key_label",
+            "metrics",
+            "retry",
+            "stats",
         ],
     ),
 ];

@@ -562,6 +562,11 @@ async fn usage_errors<DB: TestBackend>() {
     assert!(bad_table.failed(2).contains("invalid table name"));
     let reserved = dblock(&["--database-url", &url, "--table", "order", "list"], None).await;
     assert!(reserved.failed(2).contains("invalid table name"));
+    if DB::LABEL != "postgres" {
+        // Only PostgreSQL takes a schema-qualified table.
+        let qualified = dblock(&["--database-url", &url, "--table", "s.t", "list"], None).await;
+        assert!(qualified.failed(2).contains("schema-qualified"));
+    }
     for args in [
         &["list", "--held-longer-than", "soon"][..],
         &["list", "--held-longer-than", "300000years"],
@@ -624,6 +629,49 @@ macro_rules! suite {
 }
 
 suite!(postgres: dblock::Postgres, mysql: dblock::MySql, sqlite: dblock::Sqlite);
+
+/// `--table schema.table` on PostgreSQL: `migrate` creates the table in the schema, and
+/// `list`, `show` and `release --force` work on it; the same name's table elsewhere (the
+/// default schema) is not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_schema_qualified_table() {
+    let Some(db) = TestDb::<dblock::Postgres>::open().await else {
+        return;
+    };
+    let schemas = common::schemas::Schemas::new(&db.pool, &db.location, 1, 1).await;
+    let table = format!("{}.{}", schemas.names[0], db.table);
+    let run = async |args: &[&str]| {
+        let mut all = vec!["--database-url", &db.location, "--table", &table];
+        all.extend_from_slice(args);
+        dblock(&all, None).await
+    };
+    let applied = run(&["migrate"]).await;
+    assert_eq!(
+        applied.ok(),
+        format!("applied 3 migrations to table \"{table}\"\n")
+    );
+    let locker = dblock::Locker::builder(db.pool.clone())
+        .table(&table)
+        .auto_renew(false)
+        .build()
+        .unwrap();
+    let guard = locker
+        .try_acquire("job:1", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    let rows = run(&["list", "--json"]).await.json_rows();
+    assert_eq!(keys(&rows), ["job:1"]);
+    assert_eq!(
+        on(&db, &["list", "--json"]).await.ok(),
+        "",
+        "the unqualified table is empty"
+    );
+    assert!(run(&["show", "job:1"]).await.ok().contains(guard.owner()));
+    let released = run(&["release", "--force", "job:1"]).await;
+    assert!(released.ok().starts_with("released \"job:1\""));
+    assert!(locker.holder("job:1").await.unwrap().is_none());
+}
 
 // ---- Without a database ----------------------------------------------------------------
 

@@ -14,7 +14,7 @@ mod record;
 
 use std::time::Duration;
 
-use dblock::{Error, Locker, LostReason};
+use dblock::{Error, KeyLabel, Locker, LostReason};
 use tokio::time::{Instant, timeout};
 use tracing::Instrument;
 
@@ -487,6 +487,93 @@ pub async fn primitives_are_labelled_by_kind<DB: TestBackend>() {
     both.release().await.unwrap();
 }
 
+/// `metrics_key_label`: with [`KeyLabel::Prefix`] the acquisition, failure and hold
+/// metrics carry `key` = the key up to its first `:`, with [`KeyLabel::Full`] the whole
+/// key; the gauges and the renewal counter keep only `table`. Exact label sets, read
+/// back from the recorder.
+pub async fn key_label_names_the_key<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let keyed = |label| {
+        Locker::builder(db.pool.clone())
+            .table(&db.table)
+            .auto_renew(false)
+            .metrics_key_label(label)
+            .build()
+            .unwrap()
+    };
+    let prefix = keyed(KeyLabel::Prefix);
+    let full = keyed(KeyLabel::Full);
+    let guard = prefix
+        .try_acquire("invoice:1", LONG)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        prefix
+            .try_acquire("invoice:1", LONG)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    db.plain.insert("report", "plain-client", 60).await.unwrap();
+    match prefix
+        .acquire("report", LONG, Duration::from_millis(100))
+        .await
+    {
+        Err(Error::Timeout { .. }) => {}
+        other => panic!("a wait on a held key: {other:?}"),
+    }
+    let whole = full.try_acquire("invoice:2", LONG).await.unwrap().unwrap();
+    guard.release().await.unwrap();
+    whole.release().await.unwrap();
+
+    let m = metrics(&db);
+    let expected = [
+        (
+            labels(&[
+                ("outcome", "acquired"),
+                ("kind", "mutex"),
+                ("key", "invoice"),
+            ]),
+            1,
+        ),
+        (
+            labels(&[("outcome", "busy"), ("kind", "mutex"), ("key", "invoice")]),
+            1,
+        ),
+        (
+            labels(&[("outcome", "timeout"), ("kind", "mutex"), ("key", "report")]),
+            1,
+        ),
+        (
+            labels(&[
+                ("outcome", "acquired"),
+                ("kind", "mutex"),
+                ("key", "invoice:2"),
+            ]),
+            1,
+        ),
+    ];
+    assert_eq!(
+        m.histogram_counts(ACQUIRE_TIME),
+        expected.into_iter().collect()
+    );
+    let expected = [(labels(&[("reason", "timeout"), ("key", "report")]), 1)];
+    assert_eq!(
+        m.counters_named(FAILURE_COUNT),
+        expected.into_iter().collect()
+    );
+    assert_eq!(m.histogram(HOLD_TIME, &[("key", "invoice")]).len(), 1);
+    assert_eq!(m.histogram(HOLD_TIME, &[("key", "invoice:2")]).len(), 1);
+    assert!(
+        m.histogram(HOLD_TIME, &[]).is_empty(),
+        "no hold without its key"
+    );
+    assert_eq!(m.gauge(HELD, &[]), 0.0, "the held gauge has no key label");
+}
+
 /// One multi-threaded tokio test per case for backend `$db`.
 macro_rules! cases {
     ($db:ty) => {
@@ -501,6 +588,7 @@ macro_rules! cases {
             dropped_guard_ends_its_hold,
             spans_nest_under_the_callers_span,
             primitives_are_labelled_by_kind,
+            key_label_names_the_key,
         );
     };
     (@each $db:ty; $($case:ident),* $(,)?) => {

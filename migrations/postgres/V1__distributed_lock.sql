@@ -11,4 +11,4 @@ CREATE {unlogged}TABLE IF NOT EXISTS {table} (
     acquired_at   TIMESTAMPTZ  NOT NULL DEFAULT clock_timestamp()
 );
 
-CREATE INDEX IF NOT EXISTS {table}_expire_time_idx ON {table} (expire_time);
+CREATE INDEX IF NOT EXISTS {name}_expire_time_idx ON {table} (expire_time);

@@ -10,4 +10,4 @@ CREATE {unlogged}TABLE IF NOT EXISTS {table}_ticket (
     expire_time TIMESTAMPTZ  NOT NULL
 );
 
-CREATE INDEX IF NOT EXISTS {table}_ticket_key_idx ON {table}_ticket (lock_key, ticket);
+CREATE INDEX IF NOT EXISTS {name}_ticket_key_idx ON {table}_ticket (lock_key, ticket);

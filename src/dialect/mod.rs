@@ -93,6 +93,10 @@ pub trait Dialect: Database + ErrorCodes {
     /// work the server does for a batch after the statement returned.
     const REAP_PACE: u32 = 39;
 
+    /// Why a lock table may not be named `schema.table` on this backend; `None` where it
+    /// may (the name's other checks are the same everywhere).
+    const REFUSED_QUALIFIED: Option<&'static str>;
+
     /// Builds the statements for a validated table name, of a table logged or not as
     /// `durability` says (only PostgreSQL has relaxed tables).
     fn statements(table: &str, durability: Durability) -> Self::Statements;

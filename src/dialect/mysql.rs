@@ -233,6 +233,11 @@ fn batch_sql(template: &str, table: &str) -> Sql {
 impl super::sealed::Sealed for MySql {}
 
 impl Dialect for MySql {
+    const REFUSED_QUALIFIED: Option<&'static str> = Some(
+        "MySQL/MariaDB takes no schema-qualified name here: a MySQL database is the schema, \
+         so name the database in the connection URL and the table alone",
+    );
+
     type Statements = Statements;
     // InnoDB deletes a reaped row twice: the DELETE marks it, then a purge thread removes
     // it from both indexes after the commit, in about as long again, which the reaper

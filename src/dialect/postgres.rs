@@ -252,6 +252,8 @@ const MIGRATION_LOCK: &str =
 impl super::sealed::Sealed for Postgres {}
 
 impl Dialect for Postgres {
+    const REFUSED_QUALIFIED: Option<&'static str> = None;
+
     type Statements = Statements;
 
     fn statements(table: &str, durability: Durability) -> Statements {
@@ -465,7 +467,7 @@ impl ErrorCodes for Postgres {
     }
 
     fn is_missing_table(err: &sqlx::Error) -> bool {
-        // undefined_table
+        // undefined_table (also for a qualified table whose schema does not exist)
         db_code(err).as_deref() == Some("42P01")
     }
 

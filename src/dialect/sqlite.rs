@@ -168,6 +168,10 @@ fn modifier(lease_micros: i64) -> String {
 impl super::sealed::Sealed for Sqlite {}
 
 impl Dialect for Sqlite {
+    const REFUSED_QUALIFIED: Option<&'static str> = Some(
+        "SQLite takes no schema-qualified name: tables of attached databases are not supported",
+    );
+
     type Statements = Statements;
 
     fn statements(table: &str, _durability: Durability) -> Statements {

@@ -4,6 +4,9 @@
 
 mod backends;
 pub mod proxy;
+#[allow(dead_code)] // only the PostgreSQL cases make schemas
+#[cfg(feature = "postgres")]
+pub mod schemas;
 mod servers;
 
 use std::future::Future;

@@ -94,6 +94,37 @@ pub async fn bad_inputs_are_rejected_before_writing<DB: TestBackend>() {
         );
     }
 
+    // Qualified names: malformed ones everywhere, and on MySQL/MariaDB and SQLite any
+    // (a MySQL database is named in the URL; SQLite's attached databases are out of
+    // scope); a well-formed one is a PostgreSQL schema's table. Only `build` runs: a
+    // refused name never reaches the database.
+    let too_long_qualified = format!("{}.{}", "s".repeat(16), "t".repeat(40));
+    let qualified_takes = DB::LABEL == "postgres";
+    for (name, well_formed) in [
+        ("locks.distributed_lock", true),
+        ("a.b.c", false),
+        (".t", false),
+        ("s.", false),
+        ("order.t", false),
+        ("s.user", false),
+        ("pg_catalog.t", false),
+        ("s-x.t", false),
+        (too_long_qualified.as_str(), false),
+    ] {
+        let built = Locker::builder(db.pool.clone()).table(name).build();
+        if well_formed && qualified_takes {
+            assert_eq!(built.expect(name).table(), name);
+            continue;
+        }
+        let Err(Error::InvalidTableName { name: n, reason }) = &built else {
+            panic!("{name:?}: {built:?}");
+        };
+        assert_eq!(n, name);
+        if !qualified_takes {
+            assert!(reason.contains("schema-qualified"), "{name:?}: {reason}");
+        }
+    }
+
     assert!(!ran, "no closure runs for a rejected input");
     assert_eq!(db.plain.row_count().await, 0, "nothing was written");
 

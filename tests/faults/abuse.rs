@@ -83,7 +83,12 @@ fn bad_tables() -> Vec<String> {
         "1x",
         "x y",
         "x-y",
-        "x.y",
+        // `x.y` names schema x's table on PostgreSQL (refused elsewhere); these are
+        // refused everywhere.
+        "x.y.z",
+        ".x",
+        "x.",
+        "pg_catalog.x",
         "y\0",
         "x\n",
         // Plain identifiers, but reserved words on at least one backend: migrate() would

@@ -33,7 +33,7 @@ pub(crate) struct Cli {
     )]
     pub(crate) database_url: Option<String>,
 
-    /// The lock table.
+    /// The lock table; on PostgreSQL it may be schema-qualified (schema.table).
     #[arg(long, global = true, value_name = "T", default_value = dblock::DEFAULT_TABLE)]
     pub(crate) table: String,
 
