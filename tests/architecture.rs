@@ -27,6 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "primitive",
             "row_lock",
             "rwlock",
+            "schedule",
             "semaphore",
         ],
     ),
