@@ -376,6 +376,8 @@ impl<DB: Backend> Schedule<DB> {
     }
 
     fn validate(&self) -> Result<()> {
+        // The name alone must be a key too (not empty), and with its suffix not too long.
+        validate_key(&self.name)?;
         validate_key(&self.key(0))?;
         validate_range("period", self.period, MIN_PERIOD, MAX_PERIOD)?;
         validate_range(
