@@ -49,7 +49,8 @@ pub async fn schedule_runs_each_period_exactly_once<DB: TestBackend>() {
             (last - first + 1) as u64,
             "a node's periods {first}..={last} are each run, skipped or missed: {stats:?}"
         );
-        assert_eq!(stats.overruns, 0, "a 50 ms run never overruns: {stats:?}");
+        // No assertion on overruns: a first wake-up just before a period's end, on a
+        // busy machine, can make even a 50 ms run end in the next period.
         woken.extend(first..=last);
         spanned += (last - first + 1) as u64;
         total.runs += stats.runs;
