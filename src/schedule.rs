@@ -314,7 +314,11 @@ impl<DB: Backend> Schedule<DB> {
             return Ok(tick(Turn::AlreadyHandled));
         }
         let metrics = &self.locker.core.metrics;
-        let guard = match self.locker.try_acquire(&self.key(number), self.period).await {
+        let guard = match self
+            .locker
+            .try_acquire(&self.key(number), self.period)
+            .await
+        {
             Ok(Some(guard)) => guard,
             Ok(None) => {
                 self.state.skips.fetch_add(1, Relaxed);

@@ -499,8 +499,20 @@ pub async fn jobs_are_counted<DB: TestBackend>() {
     };
     let locker = &db.locker;
     let job = || locker.job("report").lock_at_least_for(LONG);
-    assert!(job().run(async |_| Ok::<_, Error>(())).await.unwrap().is_some());
-    assert!(job().run(async |_| Ok::<_, Error>(())).await.unwrap().is_none());
+    assert!(
+        job()
+            .run(async |_| Ok::<_, Error>(()))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        job()
+            .run(async |_| Ok::<_, Error>(()))
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Long enough that a busy machine's delays fit in its quarters.
     const PERIOD: Duration = Duration::from_secs(2);

@@ -112,7 +112,10 @@ impl<DB: Backend> Schedule<DB> {
             while !stopping.is_cancelled() {
                 let next = match schedule.wake(|period| work(period)).await {
                     Ok(tick) => {
-                        if let Turn::Ran { output: Err(err), .. } = &tick.turn {
+                        if let Turn::Ran {
+                            output: Err(err), ..
+                        } = &tick.turn
+                        {
                             tracing::warn!(schedule = %schedule.name, period = tick.period, error = %err, "scheduled work failed");
                         }
                         tick.next_period_at

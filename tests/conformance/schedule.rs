@@ -76,7 +76,11 @@ pub async fn schedule_runs_each_period_exactly_once<DB: TestBackend>() {
         .into_iter()
         .map(|info| info.key)
         .collect();
-    assert_eq!(rows, ["every-second@0", "every-second@1"], "two rows, reused");
+    assert_eq!(
+        rows,
+        ["every-second@0", "every-second@1"],
+        "two rows, reused"
+    );
 }
 
 /// One node: wakes at once, then 0-300 ms after each period's start, for `PERIODS` more
@@ -130,11 +134,21 @@ pub async fn schedule_counts_overruns_and_missed_periods<DB: TestBackend>() {
     let overran = schedule.run_once(slow).await.unwrap();
     assert_eq!(overran.period, first.period + 1);
     assert!(
-        matches!(overran.turn, Turn::Ran { output: "done", overran: true }),
+        matches!(
+            overran.turn,
+            Turn::Ran {
+                output: "done",
+                overran: true
+            }
+        ),
         "{overran:?}"
     );
     let caught_up = schedule.run_once(quick).await.unwrap();
-    assert_eq!(caught_up.period, first.period + 2, "woke in the next period");
+    assert_eq!(
+        caught_up.period,
+        first.period + 2,
+        "woke in the next period"
+    );
     assert!(matches!(caught_up.turn, Turn::Ran { overran: false, .. }));
 
     // Sleep through one whole period.
