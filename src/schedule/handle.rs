@@ -110,7 +110,10 @@ impl<DB: Backend> Schedule<DB> {
         let task = tokio::spawn(async move {
             // A run in progress is not raced against the stop: stopping waits for it.
             while !stopping.is_cancelled() {
-                let next = match schedule.wake(|period| work(period)).await {
+                // The closure makes `F: Fn -> Fut` an `AsyncFnOnce`; `&work` is not one.
+                #[allow(clippy::redundant_closure)]
+                let woke = schedule.wake(|period| work(period)).await;
+                let next = match woke {
                     Ok(tick) => {
                         if let Turn::Ran {
                             output: Err(err), ..
