@@ -12,6 +12,7 @@ use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::locker::{Held, Locker, run_holding};
+use crate::metrics::{self, JobEvent};
 
 /// A scheduled job's lock, built by [`Locker::job`]; run it with [`run`](Self::run).
 ///
@@ -146,6 +147,7 @@ impl<DB: Backend> Job<'_, DB> {
             let guard = match self.acquire().await {
                 Ok(Some(guard)) => guard,
                 Ok(None) => {
+                    metrics::job(&self.locker.core.metrics, &self.key, JobEvent::Skip);
                     tracing::Span::current().record("outcome", "skipped");
                     return Ok(None);
                 }
@@ -154,6 +156,7 @@ impl<DB: Backend> Job<'_, DB> {
                     return Err(err.into());
                 }
             };
+            metrics::job(&self.locker.core.metrics, &self.key, JobEvent::Run);
             let outcome = run_holding(wrap(guard), work).await;
             let said = if outcome.is_ok() { "ran" } else { "failed" };
             tracing::Span::current().record("outcome", said);

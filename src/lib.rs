@@ -26,6 +26,7 @@ mod owner;
 mod primitive;
 mod row_lock;
 mod rwlock;
+mod schedule;
 mod semaphore;
 // The core a Locker's clones, guards and owners share.
 mod core;
@@ -77,6 +78,9 @@ pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};
 pub use owner::Owner;
 pub use reaper::{LEAK_CHECK_LIMIT, LeakReport, LongHeld, ReaperConfig, ReaperHandle};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use schedule::{
+    MAX_PERIOD, MIN_PERIOD, Period, Schedule, ScheduleHandle, ScheduleStats, Tick, Turn,
+};
 pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
 pub use stats::Stats;
 

@@ -55,6 +55,23 @@ pub(crate) const WAITERS: &str = "distributed_lock_waiters";
 pub(crate) const RENEWALS: &str = "distributed_lock_renewals_total";
 /// Gauge: leases held longer than the leak check's threshold.
 pub(crate) const LONG_HELD: &str = "distributed_lock_long_held";
+/// Counter: scheduled-job runs (the work was called), by `job`.
+pub(crate) const JOB_RUNS: &str = "distributed_lock_job_runs_total";
+/// Counter: scheduled-job runs skipped because another owner held the job, by `job`.
+pub(crate) const JOB_SKIPS: &str = "distributed_lock_job_skips_total";
+/// Counter: scheduled-job runs that lasted past the end of their period, by `job`.
+pub(crate) const JOB_OVERRUNS: &str = "distributed_lock_job_overruns_total";
+
+/// What a job's counters count: [`JOB_RUNS`], [`JOB_SKIPS`], [`JOB_OVERRUNS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JobEvent {
+    /// The work was called.
+    Run,
+    /// Another owner held the job: the work was not called.
+    Skip,
+    /// A run of a schedule lasted past its period's end.
+    Overrun,
+}
 
 /// What an acquisition came to: the `outcome` label of [`ACQUIRE_TIME`] and the field of
 /// the `acquire` span.
@@ -498,6 +515,24 @@ pub(crate) fn long_held(table: &str, count: usize) {
     let _ = (table, count);
 }
 
+/// Counts one `event` of the job `job` (a [`Job`](crate::Job)'s key, a schedule's name).
+/// Jobs are few, so their name is a label, and its key is made here, per call.
+pub(crate) fn job(metrics: &TableMetrics, job: &str, event: JobEvent) {
+    #[cfg(feature = "metrics")]
+    {
+        describe();
+        let name = match event {
+            JobEvent::Run => JOB_RUNS,
+            JobEvent::Skip => JOB_SKIPS,
+            JobEvent::Overrun => JOB_OVERRUNS,
+        };
+        ::metrics::counter!(name, "table" => metrics.table().to_owned(), "job" => job.to_owned())
+            .increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (metrics, job, event);
+}
+
 /// Gives the installed recorder each metric's unit and meaning (the `# HELP` lines of a
 /// Prometheus scrape), once per process: at the first metric recorded, by which time an
 /// application has normally installed its recorder.
@@ -525,6 +560,18 @@ fn describe() {
         describe_counter!(
             RENEWALS,
             "Leases renewed (by the lease engine, and by extend)"
+        );
+        describe_counter!(
+            JOB_RUNS,
+            "Scheduled-job runs on this process (Job::run and schedules), by job"
+        );
+        describe_counter!(
+            JOB_SKIPS,
+            "Scheduled-job runs skipped on this process because another owner held the job, by job"
+        );
+        describe_counter!(
+            JOB_OVERRUNS,
+            "Runs of a schedule on this process that lasted past the end of their period, by job"
         );
         describe_gauge!(
             LONG_HELD,

@@ -538,6 +538,12 @@ impl<DB: Backend> LockTable<DB> {
         Ok(rows)
     }
 
+    /// The database clock now: what every expiry is measured against.
+    pub(crate) async fn clock(&self) -> Result<DateTime<Utc>> {
+        self.run(|mut conn| async move { DB::clock(&mut conn, &self.sql).await })
+            .await
+    }
+
     /// Who holds `key`, by the database clock.
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<Inspected>> {
         self.run(|mut conn| async move { DB::inspect(&mut conn, &self.sql, key).await })

@@ -28,6 +28,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "primitive",
             "row_lock",
             "rwlock",
+            "schedule",
             "semaphore",
         ],
     ),

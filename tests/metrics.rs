@@ -27,6 +27,9 @@ const HOLD_TIME: &str = "distributed_lock_hold_duration_seconds";
 const HELD: &str = "distributed_lock_held";
 const WAITERS: &str = "distributed_lock_waiters";
 const RENEWALS: &str = "distributed_lock_renewals_total";
+const JOB_RUNS: &str = "distributed_lock_job_runs_total";
+const JOB_SKIPS: &str = "distributed_lock_job_skips_total";
+const JOB_OVERRUNS: &str = "distributed_lock_job_overruns_total";
 
 /// A lease that never runs out during a case.
 const LONG: Duration = Duration::from_secs(30);
@@ -574,6 +577,74 @@ pub async fn key_label_names_the_key<DB: TestBackend>() {
     assert_eq!(m.gauge(HELD, &[]), 0.0, "the held gauge has no key label");
 }
 
+/// Job runs, skips and overruns, labelled `table` and `job`: `Job::run` counts a run and
+/// a skip (under its key); a schedule counts its runs, the skip of a second node in the
+/// same period, and a run that ends after its period's end (under its name).
+pub async fn jobs_are_counted<DB: TestBackend>() {
+    let Some(db) = open::<DB>().await else {
+        return;
+    };
+    let locker = &db.locker;
+    let job = || locker.job("report").lock_at_least_for(LONG);
+    assert!(
+        job()
+            .run(async |_| Ok::<_, Error>(()))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        job()
+            .run(async |_| Ok::<_, Error>(()))
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Long enough that a busy machine's delays fit in its quarters.
+    const PERIOD: Duration = Duration::from_secs(2);
+    let (node_a, node_b) = (
+        locker.schedule("rollup", PERIOD),
+        locker.schedule("rollup", PERIOD),
+    );
+    let quick = async |_: dblock::Period| Ok::<_, Error>(());
+    let first = node_a.run_once(quick).await.unwrap();
+    let skipped = node_b.run_once(quick).await.unwrap();
+    assert_eq!(first.period, skipped.period, "one period");
+    // Halfway through the next period, a run of three quarters of a period: an overrun.
+    tokio::time::sleep_until(first.next_period_at + PERIOD / 2).await;
+    let slow = async |_: dblock::Period| {
+        // Outlasting the period is the point.
+        tokio::time::sleep(PERIOD * 3 / 4).await;
+        Ok::<_, Error>(())
+    };
+    let overran = node_a.run_once(slow).await.unwrap();
+    assert!(
+        matches!(overran.turn, dblock::Turn::Ran { overran: true, .. }),
+        "{overran:?}"
+    );
+
+    let m = metrics(&db);
+    let by_job = |name| m.counters_named(name);
+    let expected = |report, rollup| {
+        [
+            (labels(&[("job", "report")]), report),
+            (labels(&[("job", "rollup")]), rollup),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
+    };
+    assert_eq!(by_job(JOB_RUNS), expected(1, 2), "runs");
+    assert_eq!(by_job(JOB_SKIPS), expected(1, 1), "skips");
+    assert_eq!(by_job(JOB_OVERRUNS), expected(0, 1), "overruns");
+    for (name, labels) in m.label_names() {
+        if name.starts_with("distributed_lock_job_") {
+            assert_eq!(labels, ["job", "table"], "the labels of {name}");
+        }
+    }
+}
+
 /// One multi-threaded tokio test per case for backend `$db`.
 macro_rules! cases {
     ($db:ty) => {
@@ -589,6 +660,7 @@ macro_rules! cases {
             spans_nest_under_the_callers_span,
             primitives_are_labelled_by_kind,
             key_label_names_the_key,
+            jobs_are_counted,
         );
     };
     (@each $db:ty; $($case:ident),* $(,)?) => {

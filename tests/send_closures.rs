@@ -244,3 +244,50 @@ async fn any_locker_helpers_in_spawned_tasks() {
     locker.shutdown().await;
     remove(&path);
 }
+
+/// A schedule in spawned tasks: `run` with a plain closure returning an `async move`
+/// block (it spawns the loop itself, so its future must be `Send`), and `run_once` with
+/// a borrowing async closure, each capturing a name and a counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedule_in_spawned_tasks() {
+    let (pool, path) = pool().await;
+    let locker = Locker::new(pool.clone());
+    locker.migrate().await.unwrap();
+    let runs = std::sync::Arc::new(AtomicU32::new(0));
+    let period = Duration::from_secs(3600);
+
+    let (sent, mut ran) = tokio::sync::mpsc::unbounded_channel();
+    let (name, counter) = (String::from("hourly"), runs.clone());
+    let handle = locker
+        .schedule("s1", period)
+        .run(move |period| {
+            let (name, counter, sent) = (name.clone(), counter.clone(), sent.clone());
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                sent.send(format!("{name} {}", period.number > 0)).ok();
+                Ok::<_, Error>(())
+            }
+        })
+        .unwrap();
+    let (l, name, counter) = (locker.clone(), String::from("once"), runs.clone());
+    let once = tokio::spawn(async move {
+        let tick = l
+            .schedule("s2", period)
+            .run_once(async |period| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(format!("{name} {}", period.fencing_token > 0))
+            })
+            .await?;
+        match tick.turn {
+            dblock::Turn::Ran { output, .. } => Ok::<_, Error>(output),
+            other => panic!("{other:?}"),
+        }
+    });
+    assert_eq!(ran.recv().await.unwrap(), "hourly true");
+    assert_eq!(once.await.unwrap().unwrap(), "once true");
+    assert_eq!(handle.stop().await.runs, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    locker.shutdown().await;
+    pool.close().await;
+    remove(&path);
+}

@@ -190,6 +190,12 @@ pub trait LockSql: Dialect {
         batch: &[Renewal<'_>],
     ) -> impl Future<Output = Result<Vec<RowState>, sqlx::Error>> + Send;
 
+    /// The database clock now (UTC), as the other statements read it.
+    fn clock(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+    ) -> impl Future<Output = Result<DateTime<Utc>, sqlx::Error>> + Send;
+
     /// Who holds `key` now, by the database clock.
     fn inspect(
         conn: &mut Self::Connection,

@@ -134,6 +134,9 @@ DELETE FROM {table}_ticket
 
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < NOW(6)";
 
+// The clock every other statement reads: a schedule asks it which period it is.
+const CLOCK: &str = "SELECT NOW(6)";
+
 const INSPECT: &str = "\
 SELECT lock_value, fencing_token, acquired_at, expire_time, CAST(expire_time <= NOW(6) AS SIGNED)
   FROM {table} WHERE lock_key = ?";

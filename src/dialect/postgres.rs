@@ -188,6 +188,9 @@ const DROP_TICKETS: &str = "DELETE FROM {table}_ticket WHERE ticket = ANY($1)";
 
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < clock_timestamp()";
 
+// The clock every other statement reads: a schedule asks it which period it is.
+const CLOCK: &str = "SELECT clock_timestamp()";
+
 const INSPECT: &str = "\
 SELECT lock_value, fencing_token, acquired_at, expire_time, expire_time <= clock_timestamp()
   FROM {table} WHERE lock_key = $1";

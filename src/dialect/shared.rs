@@ -36,6 +36,7 @@ macro_rules! statements {
             renew_tickets: RENEW_TICKETS,
             drop_tickets: DROP_TICKETS,
             purge_tickets: PURGE_TICKETS,
+            clock: CLOCK,
             $($name: $template,)*
         }
     };
@@ -108,6 +109,15 @@ macro_rules! renewed_then_read_back {
 /// The lock statements that read the same on every database.
 macro_rules! common_lock_statements {
     () => {
+        async fn clock(
+            conn: &mut <Self as sqlx::Database>::Connection,
+            sql: &Self::Statements,
+        ) -> Result<DateTime<Utc>, sqlx::Error> {
+            sqlx::query_scalar(super::audited(&sql.clock))
+                .fetch_one(conn)
+                .await
+        }
+
         async fn force_release(
             conn: &mut <Self as sqlx::Database>::Connection,
             sql: &Self::Statements,

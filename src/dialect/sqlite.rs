@@ -96,6 +96,9 @@ const READ_KEYS: &str = "\
 SELECT lock_key, lock_value, fencing_token, expire_time FROM {table}
  WHERE lock_key IN (SELECT value FROM json_each(?1))";
 
+// The clock every other statement reads: a schedule asks it which period it is.
+const CLOCK: &str = "SELECT {now}";
+
 const INSPECT: &str = "\
 SELECT lock_value, fencing_token, acquired_at, expire_time, expire_time <= {now}
   FROM {table} WHERE lock_key = ?1";

@@ -18,6 +18,7 @@ mod ownership;
 mod primitives;
 mod queue;
 mod racing;
+mod schedule;
 mod waiting;
 mod wakeups;
 
@@ -39,6 +40,7 @@ pub use ownership::*;
 pub use primitives::*;
 pub use queue::*;
 pub use racing::*;
+pub use schedule::*;
 pub use waiting::*;
 pub use wakeups::*;
 
@@ -109,6 +111,8 @@ macro_rules! conformance_suite {
             job_keeps_the_key_for_its_minimum,
             job_is_bounded_by_its_maximum,
             scheduled_job_runs_once_per_tick,
+            schedule_runs_each_period_exactly_once,
+            schedule_counts_overruns_and_missed_periods,
             fair_cancelled_ticket_takers_leave_no_ticket,
             fair_cancellation_storm_leaves_no_rows,
             ten_thousand_guards_on_a_pool_of_two,
