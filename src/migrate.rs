@@ -185,7 +185,7 @@ mod tests {
     use std::sync::Mutex;
     use std::thread::ThreadId;
 
-    use crate::Locker;
+    use crate::config::Durability;
 
     /// refinery's `log` records, by the thread they were logged on: a test's runtime is
     /// its own thread (current-thread flavour), so other tests' migrations do not count.
@@ -226,15 +226,20 @@ mod tests {
     async fn an_up_to_date_table_migrates_silently() {
         let _ = log::set_logger(&Counting);
         log::set_max_level(log::LevelFilter::Trace);
-        let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-        let locker = Locker::new(pool);
-        assert!(locker.migrate().await.unwrap() > 0);
+        // A file: a run closes its connection, and an in-memory database would go with it.
+        let path = std::env::temp_dir().join(format!("dblock-{}.db", uuid::Uuid::new_v4()));
+        let url = format!("sqlite://{}?mode=rwc", path.display());
+        let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+        let migrate = || super::run(&pool, "distributed_lock", Durability::Durable);
+        assert!(migrate().await.unwrap() > 0);
         let first = logged_here();
         assert!(
             first.iter().any(|line| line.contains("applying migration")),
             "refinery logged {first:?}"
         );
-        assert_eq!(locker.migrate().await.unwrap(), 0);
+        assert_eq!(migrate().await.unwrap(), 0);
         assert_eq!(logged_here(), first, "an up-to-date table logged again");
+        pool.close().await;
+        std::fs::remove_file(&path).ok();
     }
 }
