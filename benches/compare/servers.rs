@@ -10,7 +10,7 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, PgPool, Pool, Postgres};
 
-use crate::handwritten::{HandLock, MyHand, MySeed, PgHand, PgSeed};
+use crate::handwritten::{Floor, HandLock, MyHand, MySeed, PgHand, PgSeed};
 use crate::hotkey_queue::{self, QueueSession};
 
 /// Connections per pool, for dblock and the hand-written baselines alike: one per task of
@@ -114,6 +114,9 @@ pub trait BenchDb: Backend {
 
     /// The same statements dblock sends, hand-written, on `table`.
     fn hand(pool: &Pool<Self>, table: &str) -> Arc<dyn HandLock>;
+
+    /// The floor of two-statement locks ([`Floor`](crate::handwritten::Floor)) on `pool`.
+    fn floor(pool: &Pool<Self>) -> Arc<dyn HandLock>;
 
     /// A Locker on a fresh relaxed (`UNLOGGED`) lock table `table`, where the backend has
     /// them (PostgreSQL); `None` elsewhere.
@@ -274,6 +277,10 @@ impl BenchDb for Postgres {
         Arc::new(PgHand::new(pool.clone(), table))
     }
 
+    fn floor(pool: &PgPool) -> Arc<dyn HandLock> {
+        Arc::new(Floor::new(pool.clone(), "SELECT $1::text, $2::text"))
+    }
+
     async fn relaxed_locker(
         pool: &PgPool,
         table: &str,
@@ -431,6 +438,10 @@ impl BenchDb for MySql {
 
     fn hand(pool: &MySqlPool, table: &str) -> Arc<dyn HandLock> {
         Arc::new(MyHand::new(pool.clone(), table))
+    }
+
+    fn floor(pool: &MySqlPool) -> Arc<dyn HandLock> {
+        Arc::new(Floor::new(pool.clone(), "SELECT ?, ?"))
     }
 
     async fn seed(pool: &MySqlPool, table: &str) -> Result<Arc<dyn HandLock>, sqlx::Error> {
