@@ -79,3 +79,16 @@ $UPSERT_TAIL;
 DELETE FROM $T WHERE lock_key = :key AND lock_value = :owner AND fencing_token = 0;
 EOF
 done
+# The A/B of bench/PROFILE.md's "Tried and not taken": the relaxed acquisition committing
+# without a flush while the epoch matches (c2), and the same CASE without set_config (c3).
+python3 - <<'PY'
+s = open('c_dblock_unl.sql').read()
+old = """           (SELECT started FROM prof_lock_relaxed_epoch) = pg_postmaster_start_time()
+           OR prof_lock_relaxed_new_epoch()"""
+case = """           CASE WHEN (SELECT started FROM prof_lock_relaxed_epoch) = pg_postmaster_start_time()
+                THEN {} ELSE prof_lock_relaxed_new_epoch() END"""
+assert old in s
+open('c2_dblock_unl_async.sql', 'w').write(
+    s.replace(old, case.format("set_config('synchronous_commit', 'off', true) IS NOT NULL")))
+open('c3_case_only.sql', 'w').write(s.replace(old, case.format("true")))
+PY
