@@ -55,18 +55,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }));
     }
 
-    // A short lease held a while is renewed (every lease / 3); meanwhile a try_acquire
-    // finds it busy and a short wait times out.
+    // A lease held a while is renewed (every lease / 3); meanwhile a try_acquire finds it
+    // busy and a short wait times out. The lease is ten times the wait, so that a renewal
+    // delayed on a busy machine cannot let the waiter in; the guard is kept until its
+    // expiry has moved (the renewal happened), not for a fixed time.
     let guard = locker
-        .try_acquire("nightly", Duration::from_millis(300))
+        .try_acquire("nightly", Duration::from_millis(2_500))
         .await?
         .expect("nobody else holds this key");
+    let first_expiry = guard.expires_at();
     let rival = locker.try_acquire("nightly", lease).await?;
     assert!(rival.is_none(), "held: the rival is refused");
     let waited = locker
         .acquire("nightly", lease, Duration::from_millis(250))
         .await;
-    assert!(matches!(waited, Err(dblock::Error::Timeout { .. })));
+    assert!(
+        matches!(waited, Err(dblock::Error::Timeout { .. })),
+        "{waited:?}"
+    );
+    let renewed = async {
+        while guard.expires_at() == first_expiry {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), renewed).await?;
     guard.release().await?;
 
     for worker in workers {
