@@ -585,6 +585,24 @@ impl<DB: sqlx::Database> Floor<DB> {
     }
 }
 
+impl<DB> Floor<DB>
+where
+    DB: sqlx::Database,
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+    <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+{
+    /// One "statement" of the floor: the `SELECT` of the binds, its row read.
+    async fn round_trip(&self, key: &str, owner: &str) -> Result<(), sqlx::Error> {
+        sqlx::query(AssertSqlSafe(self.select))
+            .bind(key.to_owned())
+            .bind(owner.to_owned())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
 impl<DB> HandLock for Floor<DB>
 where
     DB: sqlx::Database,
@@ -598,11 +616,7 @@ where
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
-            sqlx::query(AssertSqlSafe(self.select))
-                .bind(key.to_owned())
-                .bind(owner.to_owned())
-                .fetch_one(&self.pool)
-                .await?;
+            self.round_trip(key, owner).await?;
             Ok(Some(0))
         })
     }
@@ -614,11 +628,7 @@ where
         _token: i64,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            sqlx::query(AssertSqlSafe(self.select))
-                .bind(key.to_owned())
-                .bind(owner.to_owned())
-                .fetch_one(&self.pool)
-                .await?;
+            self.round_trip(key, owner).await?;
             Ok(true)
         })
     }
