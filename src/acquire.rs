@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio::time::{Instant, sleep};
 
-use crate::config::RetryPolicy;
+use crate::config::{RetryPolicy, WAIT_SLACK};
 use crate::core::Core;
 use crate::dialect::{Acquired, Backend, LockId};
 use crate::error::{Error, Result};
@@ -86,7 +86,14 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
         let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
         let (key, owner) = (self.key.to_owned(), self.owner.to_owned());
         let (until, gate) = (self.until, self.gate.take());
+        let grace = table.statement_timeout();
         self.core.jobs.spawn(async move {
+            // The statement gives up at `until` on the client, and on the server it waits
+            // for no lock past it (its `wait`); what is left is its commit and the answer.
+            // So the clean-up waits for that answer and keeps trying to remove the row a
+            // statement timeout past `until`, not only to `until`: a statement queued
+            // behind a row lock that answered late was a row nobody would remove.
+            let until = until + grace;
             let token = match tokio::time::timeout_at(until, statement).await {
                 // Lost the race: nothing of ours to remove.
                 Ok(Answer {
@@ -167,7 +174,7 @@ pub(crate) async fn attempt<DB: Backend>(
             request.lease,
         );
         Box::pin(async move {
-            let outcome = table.acquire(&key, &owner, lease).await;
+            let outcome = table.acquire(&key, &owner, lease, until).await;
             Answer {
                 outcome,
                 key,
@@ -223,6 +230,8 @@ pub(crate) async fn attempt<DB: Backend>(
             // trying to remove a row this owner may have committed until its lease would
             // have ended anyway: nobody else will ever use this owner value.
             let (table, policy) = (Arc::clone(&core.table), core.retry);
+            // As after an abandoned attempt (see `InFlight`).
+            let until = until + table.statement_timeout();
             core.jobs.spawn(async move {
                 remove_leftover(&table, &policy, &key, &owner, None, until).await;
             });
@@ -248,7 +257,9 @@ impl<DB: Backend> Drop for AllInFlight<'_, DB> {
             return;
         };
         let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
-        let (keys, owner, until) = (self.keys.to_vec(), self.owner.to_owned(), self.until);
+        let (keys, owner) = (self.keys.to_vec(), self.owner.to_owned());
+        // As after a single attempt (see `InFlight`).
+        let until = self.until + table.statement_timeout();
         self.core.jobs.spawn(async move {
             let tokens: Vec<Option<i64>> = match tokio::time::timeout_at(until, statement).await {
                 Ok(Ok(None)) => return,
@@ -278,7 +289,11 @@ pub(crate) async fn attempt_all<DB: Backend>(
     let statement: Statement<Result<Option<Vec<Acquired>>>> = {
         let table = Arc::clone(&core.table);
         let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
-        Box::pin(async move { table.acquire_all(&sent_keys, &sent_owner, lease).await })
+        Box::pin(async move {
+            table
+                .acquire_all(&sent_keys, &sent_owner, lease, until)
+                .await
+        })
     };
     let mut in_flight = AllInFlight {
         core,
@@ -315,6 +330,7 @@ pub(crate) async fn attempt_all<DB: Backend>(
             // hold go in the background, as after a lost single attempt.
             let (table, policy) = (Arc::clone(&core.table), core.retry);
             let (keys, owner) = (keys.to_vec(), owner.to_owned());
+            let until = until + table.statement_timeout();
             core.jobs.spawn(async move {
                 for key in &keys {
                     remove_leftover(&table, &policy, key, &owner, None, until).await;
@@ -420,7 +436,15 @@ where
         let pause = if (turn && try_now) || (wait.is_zero() && attempts == 0) {
             attempts += 1;
             let ticket = place.ticket().await?;
-            if let Some(lease) = attempt(ticket).await? {
+            // Each attempt within the wait plus a little: one sent just before the wait
+            // ran out may still win, but a database that does not answer cannot keep the
+            // caller past `deadline + WAIT_SLACK` (its lease would allow far longer). An
+            // attempt cut here goes on in the background and removes what it won.
+            let bounded = tokio::time::timeout_at(deadline + WAIT_SLACK, attempt(ticket));
+            let Ok(won) = Box::pin(bounded).await else {
+                break;
+            };
+            if let Some(lease) = won? {
                 return Ok(place.won(lease).await);
             }
             if wait.is_zero() || Instant::now() >= deadline {

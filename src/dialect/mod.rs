@@ -120,13 +120,19 @@ pub trait Dialect: Database + ErrorCodes {
 pub trait LockSql: Dialect {
     /// One attempt: insert the row, or take over an expired one, in one atomic step.
     /// `Ok(None)` when a live lease of another owner is in the way. `upsert_returns`: the
-    /// server takes `RETURNING` on the upsert ([`LockSql::upsert_returns`]).
+    /// server takes `RETURNING` on the upsert ([`LockSql::upsert_returns`]). `wait`: the
+    /// longest the statement may wait on the server for a lock (a row's, an advisory
+    /// one) before it gives up, changing nothing: the attempt's deadline carried into the
+    /// statement, so that it cannot commit after its caller gave up (PostgreSQL
+    /// `lock_timeout`, MariaDB `max_statement_time`, set on the statement itself; SQLite
+    /// has no lock to wait for, and MySQL 8 gets no server-side bound).
     fn acquire(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
         key: &str,
         owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
         upsert_returns: bool,
     ) -> impl Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send;
 
@@ -151,14 +157,16 @@ pub trait LockSql: Dialect {
     /// waking that waiter. `Ok(None)` when the statement changed nothing (the row is not
     /// ours, or changed while the statement ran): send [`release`](Self::release) to
     /// find out. Only where [`HANDS_OFF`](Self::HANDS_OFF); elsewhere it changes nothing.
+    /// `wait`: as [`acquire`](Self::acquire)'s.
     fn hand_off(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
         from: LockId<'_>,
         to_owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
     ) -> impl Future<Output = Result<Option<HandOff>, sqlx::Error>> + Send {
-        let _ = (conn, sql, from, to_owner, lease_micros);
+        let _ = (conn, sql, from, to_owner, lease_micros, wait);
         std::future::ready(Ok(None))
     }
 

@@ -53,6 +53,43 @@ ON DUPLICATE KEY UPDATE
 // 10.11 and 11.8). So ACQUIRE with this tail is the whole attempt, in one round trip.
 const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
 
+/// The server-side bounds (`max_statement_time`, seconds as MariaDB writes them) an
+/// acquisition may carry, with their milliseconds. The bound is part of the statement's
+/// text (`SET STATEMENT` takes no parameter), and sqlx prepares and caches one
+/// statement per text on each connection, so the bound is one of these few values,
+/// rounded down from what is left until the attempt's deadline: a cache of a hundred
+/// statements never churns.
+const STATEMENT_BOUNDS: [(u128, &str); 15] = [
+    (1, "0.001"),
+    (10, "0.01"),
+    (50, "0.05"),
+    (100, "0.1"),
+    (250, "0.25"),
+    (500, "0.5"),
+    (1_000, "1"),
+    (2_000, "2"),
+    (5_000, "5"),
+    (10_000, "10"),
+    (30_000, "30"),
+    (60_000, "60"),
+    (300_000, "300"),
+    (3_600_000, "3600"),
+    (86_400_000, "86400"),
+];
+
+/// The largest of [`STATEMENT_BOUNDS`] within `wait` (the smallest when `wait` is below
+/// it: 0 would mean no bound).
+fn statement_bound(wait: std::time::Duration) -> &'static str {
+    let millis = wait.as_millis();
+    let mut bound = STATEMENT_BOUNDS[0].1;
+    for (at_least, text) in STATEMENT_BOUNDS {
+        if millis >= at_least {
+            bound = text;
+        }
+    }
+    bound
+}
+
 // MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
@@ -208,6 +245,9 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 const ER_BAD_FIELD_ERROR: u16 = 1054;
 /// Error numbers that mean "another session got in the way".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// MariaDB: the statement ran past its `max_statement_time` (an acquisition's bound,
+/// `SET STATEMENT`) and was rolled back: it changed nothing.
+const ER_STATEMENT_TIMEOUT: u16 = 1969;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_LOCK_NOWAIT: u16 = 3572;
 /// ER_CHECKREAD, "Record has changed since last read": MariaDB 11.6+ (where
@@ -287,15 +327,27 @@ impl LockSql for MySql {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
         upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         let row: Option<(String, i64, DateTime<Utc>)> = if upsert_returns {
+            // MariaDB (the only server that takes RETURNING here): the attempt's deadline
+            // travels with it as `max_statement_time` (checked on 10.11: it interrupts an
+            // InnoDB row-lock wait, error 1969, a lost race), so an abandoned attempt
+            // cannot commit after its caller gave up. MySQL 8 has no `SET STATEMENT`;
+            // there (and on Galera) only the client-side bound and the clean-up apply.
+            let bounded = format!(
+                "SET STATEMENT max_statement_time={} FOR {}",
+                statement_bound(wait),
+                sql.acquire_returning
+            );
             // Read to the end, not to the first row: the row comes before the statement
             // commits, and whatever follows it must be read now (a `fetch_optional` left
             // it for the connection's next user). Not used where a commit can be refused
             // after the row (Galera's certification: see LockTable::upsert_returns_on).
+            // The table name in it was validated (`audited`); the bound is one of a fixed set.
             let rows: Vec<(String, i64, DateTime<Utc>)> =
-                sqlx::query_as(audited(&sql.acquire_returning))
+                sqlx::query_as(sqlx::AssertSqlSafe(bounded))
                     .bind(key)
                     .bind(owner)
                     .bind(lease_micros)
@@ -681,7 +733,9 @@ impl ErrorCodes for MySql {
         // makes InnoDB roll back one of them: the statement changed nothing.
         match error_number(err) {
             Some(ER_LOCK_DEADLOCK | ER_CHECKREAD) => Contention::Deadlock,
-            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT) => Contention::LostRace,
+            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT | ER_STATEMENT_TIMEOUT) => {
+                Contention::LostRace
+            }
             _ if is_unique_violation(err) => Contention::LostRace,
             _ => Contention::Failure,
         }

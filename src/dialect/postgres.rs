@@ -42,9 +42,23 @@ fn key_list(keys: Vec<&str>) -> Vec<&str> {
     keys
 }
 
+/// `lock_timeout` for a statement that may wait until `wait` has passed: whole
+/// milliseconds, rounded down (so that the server gives up no later than the client), at
+/// least 1 (0 would mean no bound at all). A bound parameter, not text: one prepared
+/// statement serves every value.
+fn lock_timeout(wait: std::time::Duration) -> i64 {
+    i64::try_from(wait.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+// The attempt's deadline travels with it (`$4`, milliseconds): `set_config(..., true)`
+// sets `lock_timeout` for this statement's own transaction only, and the `FROM` makes
+// it run before the advisory lock is asked for; so neither that lock nor the row lock
+// of a conflicting row is waited for past the deadline (55P03, a lost race), and an
+// abandoned attempt cannot commit once its caller has given up. No extra round trip.
 const ACQUIRE: &str = "\
 WITH serialize AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+      FROM (SELECT set_config('lock_timeout', $4::bigint::text, true)) AS bound
 )
 INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
 SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
@@ -103,6 +117,7 @@ RETURNING expire_time <= clock_timestamp(),
 const HAND_OFF: &str = "\
 WITH serialize AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+      FROM (SELECT set_config('lock_timeout', $6::bigint::text, true)) AS bound
 ), handed AS (
     UPDATE {table} AS held
        SET lock_value = $4,
@@ -276,9 +291,20 @@ impl LockSql for Postgres {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        returning_acquire!(conn, sql, key, owner, lease_micros)
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+        }))
     }
 
     const HANDS_OFF: bool = true;
@@ -289,6 +315,7 @@ impl LockSql for Postgres {
         from: LockId<'_>,
         to_owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
     ) -> Result<Option<HandOff>, sqlx::Error> {
         type Row = (
             Option<i64>,
@@ -302,6 +329,7 @@ impl LockSql for Postgres {
             .bind(from.fencing_token)
             .bind(to_owner)
             .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
             .fetch_optional(conn)
             .await?;
         Ok(row.map(|row| match row {

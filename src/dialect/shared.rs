@@ -64,10 +64,7 @@ macro_rules! migration_scripts {
 
 /// The acquisition upsert's answer on a database with `RETURNING`: a row only when we
 /// won. Evaluates to the `acquire` method's result.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite")),
-    allow(unused_macros)
-)]
+#[cfg_attr(not(feature = "sqlite"), allow(unused_macros))]
 macro_rules! returning_acquire {
     ($conn:expr, $sql:expr, $key:expr, $owner:expr, $lease_micros:expr) => {{
         let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&$sql.acquire))

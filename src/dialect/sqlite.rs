@@ -205,6 +205,8 @@ impl LockSql for Sqlite {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        // No lock to wait for: SQLite's busy handler bounds a write's wait.
+        _wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         // Without this read every losing attempt queued for the single write lock, waiting

@@ -245,7 +245,12 @@ impl<DB: Backend> Engine<DB> {
         length: Duration,
     ) -> Result<Option<DateTime<Utc>>> {
         let sent_at = Instant::now();
-        let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
+        let until = lease.deadline();
+        let expiry = self
+            .inner
+            .table
+            .extend(lease.lock_id(), length, until)
+            .await?;
         if let Some(expires_at) = expiry {
             metrics::renewals(&self.inner.metrics, 1);
             let due = lease.renewed(expires_at, sent_at, length);
