@@ -7,6 +7,7 @@ use sqlx::Transaction;
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::retry::by_deadline;
 
 impl<DB: Backend> LockGuard<DB> {
     /// Checks, inside the caller's write transaction `tx`, that this lock is still held:
@@ -45,7 +46,11 @@ impl<DB: Backend> LockGuard<DB> {
     /// deleted (roll `tx` back: dropping it does), also when the check itself was rolled
     /// back by such a change; [`Error::RowLocked`] when the lock row (on SQLite, the
     /// database) stayed busy past the server's lock-wait limit; [`Error::Database`]
-    /// otherwise.
+    /// otherwise, among them a check that got no answer within the Locker's
+    /// [`statement_timeout`](crate::LockerBuilder::statement_timeout) (a timed-out I/O
+    /// error): `tx` is then mid-statement, drop it. To bound the rest of your own
+    /// transaction, see the README, "Connections".
+    ///
     ///
     /// # Example
     /// ```
@@ -63,7 +68,11 @@ impl<DB: Backend> LockGuard<DB> {
     /// # Cancel safety
     /// Cancel safe: it only reads and locks inside `tx`; dropping `tx` undoes the lock.
     pub async fn assert_held(&self, tx: &mut Transaction<'_, DB>) -> Result<()> {
-        match self.lock_table().check_fence(tx, self.lock_id()).await {
+        // On the caller's connection, which dblock cannot close: abandoned at the bound,
+        // the caller's transaction is left to its owner (it is dropped with the error).
+        let table = self.lock_table();
+        let until = tokio::time::Instant::now() + table.statement_timeout();
+        match by_deadline(until, table.check_fence(tx, self.lock_id())).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_held()),
             Err(err) if DB::is_conflict_rollback(&err) => Err(self.explain(err).await),

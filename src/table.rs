@@ -181,12 +181,17 @@ impl Drop for Testing<'_> {
 
 /// The payload of the I/O error a checkout that timed out is reported as, so that
 /// [`LockTable::error_from`] can say why.
+/// `open`: the pool's open connections when the checkout started (a connection that did
+/// not answer is closed when the checkout gives up, so the count after says less).
 #[derive(Debug)]
-struct PoolWait(PoolTimeoutCause);
+struct PoolWait {
+    cause: PoolTimeoutCause,
+    open: u32,
+}
 
 impl std::fmt::Display for PoolWait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "no pooled connection in time ({:?})", self.0)
+        write!(f, "no pooled connection in time ({:?})", self.cause)
     }
 }
 
@@ -385,11 +390,18 @@ impl<DB: Backend> LockTable<DB> {
             err if DB::is_pooler_mixup(&err) => Error::PoolerMixesSessions { source: err },
             sqlx::Error::PoolTimedOut => self.pool_timeout(self.pool_wait_cause(false)),
             sqlx::Error::Io(ref io)
-                if let Some(PoolWait(cause)) = io
+                if let Some(wait) = io
                     .get_ref()
                     .and_then(|inner| inner.downcast_ref::<PoolWait>()) =>
             {
-                self.pool_timeout(*cause)
+                let mut error = self.pool_timeout(wait.cause);
+                if let Error::PoolTimeout {
+                    open_connections, ..
+                } = &mut error
+                {
+                    *open_connections = (*open_connections).max(wait.open);
+                }
+                error
             }
             err => Error::Database(err),
         }
@@ -422,7 +434,8 @@ impl<DB: Backend> LockTable<DB> {
         until: Instant,
     ) -> Result<(Checkout<DB>, Option<tokio::sync::RwLockReadGuard<'_, ()>>), sqlx::Error> {
         let max = self.pool.options().get_max_connections();
-        let free = self.pool.num_idle() > 0 || self.pool.size() < max;
+        let open = self.pool.size();
+        let free = self.pool.num_idle() > 0 || open < max;
         let _testing = free.then(|| Testing::new(&self.testing));
         // Boxed: sqlx's futures are large (a checkout alone is about 8.6 KB), and each
         // layer above that holds one by value copies it on every move: unboxed, those
@@ -447,7 +460,10 @@ impl<DB: Backend> LockTable<DB> {
             Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) => {
                 Err(sqlx::Error::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    PoolWait(self.pool_wait_cause(free)),
+                    PoolWait {
+                        cause: self.pool_wait_cause(free),
+                        open,
+                    },
                 )))
             }
             Ok(Err(err)) => Err(err),
@@ -1226,7 +1242,7 @@ mod mysql_paths {
         );
         assert!(
             detected
-                .acquire("probe", "p", LEASE)
+                .acquire("probe", "p", LEASE, tokio::time::Instant::now() + LEASE)
                 .await
                 .unwrap()
                 .is_some()
@@ -1250,7 +1266,10 @@ mod mysql_paths {
 
             // A win: one INSERT, and a SELECT only without RETURNING.
             let before = counts(&pool).await;
-            let first = table.acquire(&key, "first", LEASE).await.unwrap();
+            let first = table
+                .acquire(&key, "first", LEASE, tokio::time::Instant::now() + LEASE)
+                .await
+                .unwrap();
             let first = first.expect("a free key is won");
             let after = counts(&pool).await;
             let selects = i64::from(!returning);
@@ -1264,7 +1283,7 @@ mod mysql_paths {
             let before = counts(&pool).await;
             assert!(
                 table
-                    .acquire(&key, "second", LEASE)
+                    .acquire(&key, "second", LEASE, tokio::time::Instant::now() + LEASE)
                     .await
                     .unwrap()
                     .is_none()
@@ -1283,7 +1302,19 @@ mod mysql_paths {
             expire(&pool, &name, &key).await;
             let takers = (0..8).map(|i| {
                 let (table, key) = (&table, &key);
-                async move { (i, table.acquire(key, &format!("taker-{i}"), LEASE).await) }
+                async move {
+                    (
+                        i,
+                        table
+                            .acquire(
+                                key,
+                                &format!("taker-{i}"),
+                                LEASE,
+                                tokio::time::Instant::now() + LEASE,
+                            )
+                            .await,
+                    )
+                }
             });
             let won: Vec<_> = futures::future::join_all(takers)
                 .await

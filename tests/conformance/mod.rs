@@ -4,6 +4,7 @@
 mod admin;
 mod adversary;
 mod any;
+mod bounds;
 mod engine;
 mod fair;
 mod fencing;
@@ -27,6 +28,7 @@ use std::time::Duration;
 pub use admin::*;
 pub use adversary::*;
 pub use any::*;
+pub use bounds::*;
 pub use engine::*;
 pub use fair::*;
 pub use fencing::*;
@@ -132,6 +134,9 @@ macro_rules! conformance_suite {
             any_locker_times_out,
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
+            every_call_returns_within_its_bound_under_a_black_hole,
+            an_abandoned_attempt_never_commits_after_its_deadline,
+            pool_timeouts_say_whether_connections_answered,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
