@@ -331,16 +331,30 @@ impl<DB: Backend> LockTable<DB> {
     async fn open_lane(&self) -> Result<DB::Connection, sqlx::Error> {
         if let Some(idle) = self.pool.try_acquire() {
             self.lane.refused.store(false, Ordering::Relaxed);
-            return Ok(idle.detach());
+            let mut conn = idle.detach();
+            self.bound_lane(&mut conn).await;
+            return Ok(conn);
         }
         let options = self.pool.connect_options();
-        let opened = sqlx::ConnectOptions::connect(&*options).await;
+        let mut opened = sqlx::ConnectOptions::connect(&*options).await;
+        if let Ok(conn) = &mut opened {
+            self.bound_lane(conn).await;
+        }
         let refused = matches!(opened, Err(sqlx::Error::Database(_)));
         self.lane.refused.store(refused, Ordering::Relaxed);
         if let Err(err) = &opened {
             tracing::debug!(table = %self.name, error = %err, "could not open the lease engine's connection");
         }
         opened
+    }
+
+    /// Bounds the lane on the server's side ([`LockSql::bound_session`]), at the statement
+    /// timeout: its statements are bounded by it on this side too, and a session left
+    /// half-open by a dead network must not keep row locks for hours. Best effort.
+    async fn bound_lane(&self, conn: &mut DB::Connection) {
+        if let Err(err) = DB::bound_session(conn, self.statement_timeout).await {
+            tracing::debug!(table = %self.name, error = %err, "could not bound the lease engine's session on the server");
+        }
     }
 
     /// Opens the engine's connection ahead of its first statement if it is not open yet

@@ -149,6 +149,19 @@ pub trait LockSql: Dialect {
     /// may then give its row to the next waiter of its Locker in one statement.
     const HANDS_OFF: bool = false;
 
+    /// Bounds on the server's side for a connection dblock opened for itself (the lease
+    /// engine's): no statement of it runs, and no transaction of it stays open, past
+    /// `bound`, and the server drops it when its client stops answering (TCP user timeout
+    /// and keepalives where the database has them). Best effort: the caller ignores an
+    /// error (a server without one of the settings).
+    fn bound_session(
+        conn: &mut Self::Connection,
+        bound: std::time::Duration,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, bound);
+        std::future::ready(Ok(()))
+    }
+
     /// The owner- and token-checked release that gives our live row to `to_owner` (a
     /// waiter of the same Locker) in one statement, with a fencing token drawn as an
     /// acquisition draws it and an expiry `lease_micros` from now by the database clock;

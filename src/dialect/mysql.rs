@@ -321,6 +321,24 @@ fn token_counter(key: &str) -> u32 {
 }
 
 impl LockSql for MySql {
+    async fn bound_session(
+        conn: &mut MySqlConnection,
+        bound: std::time::Duration,
+    ) -> Result<(), sqlx::Error> {
+        // MariaDB: statements end at `bound`, and an open transaction idle that long is
+        // ended with its session (MySQL 8 has neither setting: an error, ignored).
+        // Whole seconds for the transaction (at least 1), microseconds for statements.
+        let set = format!(
+            "SET SESSION max_statement_time = {:.6}, idle_transaction_timeout = {}",
+            bound.as_secs_f64(),
+            bound.as_secs().max(1)
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
     async fn acquire(
         conn: &mut MySqlConnection,
         sql: &Statements,

@@ -93,6 +93,18 @@ fn relaxed(draws: &str) -> String {
     draws.replacen(SERIALIZE, &format!("{SERIALIZE}{EPOCH_CHECK}"), 1)
 }
 
+// The lease engine's own connection, bounded on the server's side (`LockSql::
+// bound_session`): statements and open transactions end at the statement timeout ($1,
+// ms), and a client that stops acknowledging ($1) or answering keepalives (after $2 s
+// idle, every $3 s, 3 probes) is dropped, with the row locks its session held.
+const BOUND_SESSION: &str = "\
+SELECT set_config('statement_timeout', $1, false),
+       set_config('idle_in_transaction_session_timeout', $1, false),
+       set_config('tcp_user_timeout', $1, false),
+       set_config('tcp_keepalives_idle', $2, false),
+       set_config('tcp_keepalives_interval', $3, false),
+       set_config('tcp_keepalives_count', '3', false)";
+
 // Which of a table's relations are unlogged ('u') or logged ('p'): the lock table's.
 const PERSISTENCE: &str = "SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)";
 
@@ -308,6 +320,22 @@ impl LockSql for Postgres {
     }
 
     const HANDS_OFF: bool = true;
+
+    async fn bound_session(
+        conn: &mut PgConnection,
+        bound: std::time::Duration,
+    ) -> Result<(), sqlx::Error> {
+        let millis = bound.as_millis().max(1).to_string();
+        let secs = bound.as_secs().max(2);
+        let (idle, interval) = ((secs / 2).to_string(), (secs / 5).max(1).to_string());
+        sqlx::query(BOUND_SESSION)
+            .bind(&millis)
+            .bind(&idle)
+            .bind(&interval)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
 
     async fn hand_off(
         conn: &mut PgConnection,
@@ -537,6 +565,13 @@ fn channel(table: &str) -> String {
 const SESSION_MARK: &str = "dblock.listener_session";
 const READ_SESSION_MARK: &str = "SELECT current_setting('dblock.listener_session', true)";
 
+/// The listener's server-side TCP bounds (milliseconds, seconds, seconds, probes): a dead
+/// client is dropped after about 30 s, whether it is silent or has data unacknowledged.
+const LISTENER_TCP_USER_TIMEOUT: &str = "30000";
+const LISTENER_KEEPALIVE_IDLE: &str = "15";
+const LISTENER_KEEPALIVE_INTERVAL: &str = "5";
+const LISTENER_KEEPALIVE_COUNT: &str = "3";
+
 async fn open_listener(
     listener: ListenerOptions<Postgres>,
     table: &str,
@@ -544,9 +579,17 @@ async fn open_listener(
     let mark = uuid::Uuid::new_v4().simple().to_string();
     let mut options = listener.options;
     if !listener.given {
-        options = options
-            .application_name("dblock-listener")
-            .options([(SESSION_MARK, mark.as_str())]);
+        // The server drops the listener's session when its client stops acknowledging
+        // (`tcp_user_timeout`) or answering keepalives: a black-holed listener does not
+        // keep a backend for hours. Startup options, so that PgListener's own reconnects
+        // keep them; a server or pooler that refuses them gets no listener (see below).
+        options = options.application_name("dblock-listener").options([
+            (SESSION_MARK, mark.as_str()),
+            ("tcp_user_timeout", LISTENER_TCP_USER_TIMEOUT),
+            ("tcp_keepalives_idle", LISTENER_KEEPALIVE_IDLE),
+            ("tcp_keepalives_interval", LISTENER_KEEPALIVE_INTERVAL),
+            ("tcp_keepalives_count", LISTENER_KEEPALIVE_COUNT),
+        ]);
     }
     // A pool of one, only for PgListener's reconnections: it is not the caller's pool,
     // so the listener never takes one of its connections.
@@ -617,6 +660,20 @@ impl Releases for PgReleases {
                     return Ok(Some(released));
                 }
             }
+        })
+    }
+
+    fn check(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + '_>>
+    {
+        // A simple query (no prepared statement: the listener may be behind a pooler);
+        // notifications that arrive meanwhile are kept for `next`.
+        Box::pin(async move {
+            sqlx::raw_sql("SELECT 1")
+                .execute(&mut self.0)
+                .await
+                .map(drop)
         })
     }
 }

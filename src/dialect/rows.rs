@@ -270,4 +270,12 @@ pub trait Releases: Send {
     fn next(
         &mut self,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Released>, sqlx::Error>> + Send + '_>>;
+
+    /// One round trip on the listener's connection: that it still answers. The caller
+    /// bounds it; a listener that does not answer is dropped and opened anew (a
+    /// black-holed connection never fails by itself, and would hear nothing for as long
+    /// as TCP keeps it).
+    fn check(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + '_>>;
 }
