@@ -537,9 +537,10 @@ impl<DB: Backend> LockTable<DB> {
     /// key is held, or another session got in the way (the race was lost).
     ///
     /// Bounded by `until`, the attempt's deadline, twice: the checkout and the statement
-    /// are abandoned there (the connection closed), and the statement carries what is left
-    /// until then into the server ([`LockSql::acquire`]'s `wait`), so that it cannot wait
-    /// for a row or advisory lock past it and commit for an owner nobody uses.
+    /// are abandoned there (at least [`LEAST_TRY`] after the send; the connection is
+    /// closed), and the statement carries what is left until then into the server
+    /// ([`LockSql::acquire`]'s `wait`), so that it cannot wait for a row or advisory lock
+    /// past it and commit for an owner nobody uses.
     pub(crate) async fn acquire(
         &self,
         key: &str,
@@ -547,9 +548,12 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<Option<Acquired>> {
+        // At least `LEAST_TRY` on this side (a lease of a few milliseconds could not even
+        // be checked out for); the server's wait is bounded by `until` itself.
+        let bound = until.max(Instant::now() + LEAST_TRY);
         let won = self
             .run_raw(
-                until,
+                bound,
                 pooled!(|conn| async {
                     let returns = self.upsert_returns_on(&mut *conn).await?;
                     let wait = until.saturating_duration_since(Instant::now());
@@ -579,9 +583,12 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<Option<Vec<Acquired>>> {
+        // At least `LEAST_TRY` on this side (a lease of a few milliseconds could not even
+        // be checked out for); the server's wait is bounded by `until` itself.
+        let bound = until.max(Instant::now() + LEAST_TRY);
         let won = self
             .run_raw(
-                until,
+                bound,
                 pooled!(|conn| async {
                     let returns = self.upsert_returns_on(&mut *conn).await?;
                     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
