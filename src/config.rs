@@ -71,7 +71,7 @@ pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
 /// The fixed part of the default lease margin (see
 /// [`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin)), capped at a tenth
 /// of the lease for short leases.
-pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(50);
+pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(100);
 /// The drift part of every lease margin: `lease / LEASE_DRIFT_DIVISOR` (1 %), for clocks
 /// that run at different rates and timers that fire late.
 pub const LEASE_DRIFT_DIVISOR: u32 = 100;
@@ -90,9 +90,9 @@ pub const LEASE_DRIFT_DIVISOR: u32 = 100;
 /// is in flight; an acquisition or `extend` answered after it yields no lease.
 ///
 /// The margin of a lease `l` is `fixed + l / 100`, where `fixed` is
-/// [`DEFAULT_LEASE_MARGIN`] (50 ms) capped at `l / 10` by default, or what
+/// [`DEFAULT_LEASE_MARGIN`] (100 ms) capped at `l / 10` by default, or what
 /// [`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin) sets: 3 s leases end
-/// 80 ms early, 30 s leases 350 ms early, 100 ms leases 11 ms early. A lease must exceed
+/// 130 ms early, 30 s leases 400 ms early, 100 ms leases 11 ms early. A lease must exceed
 /// its margin plus its renew interval; the default margin always leaves room.
 ///
 /// ```
@@ -103,10 +103,10 @@ pub const LEASE_DRIFT_DIVISOR: u32 = 100;
 ///
 /// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
 /// let locker = Locker::new(pool.clone());
-/// assert_eq!(locker.lease_margin(Duration::from_secs(3)), Duration::from_millis(80));
-/// assert_eq!(locker.lease_margin(Duration::from_secs(30)), Duration::from_millis(350));
+/// assert_eq!(locker.lease_margin(Duration::from_secs(3)), Duration::from_millis(130));
+/// assert_eq!(locker.lease_margin(Duration::from_secs(30)), Duration::from_millis(400));
 ///
-/// // A wider fixed part, for a client whose timers may fire late by more than 50 ms.
+/// // A wider fixed part, for a client whose timers may fire late by more than 100 ms.
 /// let wary = Locker::builder(pool).lease_margin(Duration::from_millis(500)).build()?;
 /// assert_eq!(wary.lease_margin(Duration::from_secs(30)), Duration::from_millis(800));
 /// # Ok(()) }

@@ -252,7 +252,7 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// The fixed part of every lease's safety margin: how long before the database may
     /// see a lease expire that this Locker ends it locally (its guards' `lost()` completes,
     /// `with_lock` drops its work), plus the drift part, `lease / 100`. Default:
-    /// [`DEFAULT_LEASE_MARGIN`](crate::DEFAULT_LEASE_MARGIN) (50 ms), capped at a tenth of each lease. Raise it for
+    /// [`DEFAULT_LEASE_MARGIN`](crate::DEFAULT_LEASE_MARGIN) (100 ms), capped at a tenth of each lease. Raise it for
     /// clients whose tasks may be scheduled late by more than that (a loaded machine, long
     /// GC-like stalls of the runtime). At most [`MAX_LEASE`]; every lease acquired must
     /// exceed its margin plus its renew interval ([`Error::InvalidDuration`], nothing
@@ -267,8 +267,8 @@ impl<DB: Backend> LockerBuilder<DB> {
     ///
     /// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
     /// let default = Locker::new(pool.clone());
-    /// assert_eq!(default.lease_margin(Duration::from_secs(3)), Duration::from_millis(80));
-    /// assert_eq!(default.lease_margin(Duration::from_secs(30)), Duration::from_millis(350));
+    /// assert_eq!(default.lease_margin(Duration::from_secs(3)), Duration::from_millis(130));
+    /// assert_eq!(default.lease_margin(Duration::from_secs(30)), Duration::from_millis(400));
     ///
     /// let wary = Locker::builder(pool.clone()).lease_margin(Duration::from_millis(500)).build()?;
     /// assert_eq!(wary.lease_margin(Duration::from_secs(30)), Duration::from_millis(800));
@@ -531,7 +531,7 @@ impl<DB: Backend> Locker<DB> {
     }
 
     /// How long before the database may see a lease of `lease` expire that this Locker
-    /// ends it locally: `min(50 ms, lease / 10) + lease / 100` by default (see
+    /// ends it locally: `min(100 ms, lease / 10) + lease / 100` by default (see
     /// [`LockerBuilder::lease_margin`]). A guard's lease ends locally at the send time of
     /// the last statement that set its expiry plus `lease - lease_margin(lease)`.
     ///
@@ -540,7 +540,7 @@ impl<DB: Backend> Locker<DB> {
     /// # async fn main() -> Result<(), dblock::Error> {
     /// use std::time::Duration;
     /// let locker = dblock::Locker::new(dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?);
-    /// assert_eq!(locker.lease_margin(Duration::from_secs(10)), Duration::from_millis(150));
+    /// assert_eq!(locker.lease_margin(Duration::from_secs(10)), Duration::from_millis(200));
     /// assert_eq!(locker.lease_margin(Duration::from_millis(100)), Duration::from_millis(11));
     /// # Ok(()) }
     /// ```
