@@ -68,6 +68,10 @@ mod kill;
 mod no_connection;
 #[path = "faults/outage.rs"]
 mod outage;
+#[path = "faults/partition.rs"]
+mod partition;
+#[path = "faults/partition_late.rs"]
+mod partition_late;
 #[path = "faults/patroni.rs"]
 mod patroni;
 #[path = "faults/patroni_config.rs"]
@@ -196,6 +200,7 @@ const SCENARIOS: &[&str] = &[
     primitives::LEADER_PAUSED,
     primitives::LEADER_RESIGNS,
     failover::NAME,
+    partition::NAME,
 ];
 
 async fn run_all(report: &Report, filter: &[String]) {
@@ -314,6 +319,7 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     scenario(ctx, report, selection, abuse::NAME, abuse::run).await;
     primitives::run_all(ctx, report, selection).await;
     failover::run_all(ctx, report, selection).await;
+    partition::run_all(ctx, report, selection).await;
 }
 
 /// Runs one scenario under the time limit, catching panics, and records its row.
