@@ -15,6 +15,8 @@
 //! `DBLOCK_TEST_REQUIRE`, that is a failure. Group 11 runs PostgreSQL under Patroni (with
 //! etcd and HAProxy, private processes too); it is named `patroni` there. Group 10 runs a
 //! three-node MariaDB Galera cluster (galera-4, rsync); it is named `galera` there.
+//! Group 12 (`partition`) black-holes holders at random phases of their renewal (200
+//! trials a backend) and holds acquisitions' answers past their leases (issue 42).
 
 use std::error::Error;
 use std::panic::AssertUnwindSafe;
