@@ -13,6 +13,7 @@ mod interop;
 mod jobs;
 mod lease;
 pub mod lease_env;
+mod margin;
 mod migrate;
 mod ownership;
 mod primitives;
@@ -35,6 +36,7 @@ pub use inputs::*;
 pub use interop::*;
 pub use jobs::*;
 pub use lease::*;
+pub use margin::*;
 pub use migrate::*;
 pub use ownership::*;
 pub use primitives::*;
@@ -132,6 +134,8 @@ macro_rules! conformance_suite {
             any_locker_times_out,
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
+            a_lease_ends_locally_before_the_database_sees_it_expire,
+            an_answer_after_the_deadline_makes_no_guard,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
