@@ -279,7 +279,7 @@ const LEAST_TRY: Duration = Duration::from_secs(1);
 
 /// What a statement that got no answer by its bound fails with (an I/O error: retryable,
 /// and for the lease engine "unreachable").
-const NO_ANSWER: &str = "no answer from the database before the statement's bound";
+const NO_ANSWER: &str = "timed out: no answer from the database within the statement's bound";
 
 impl<DB: Backend> LockTable<DB> {
     /// The table `name` (validated) on `pool`, logged or not as `durability` says.

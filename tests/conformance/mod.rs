@@ -14,6 +14,7 @@ mod interop;
 mod jobs;
 mod lease;
 pub mod lease_env;
+mod margin;
 mod migrate;
 mod ownership;
 mod primitives;
@@ -37,6 +38,7 @@ pub use inputs::*;
 pub use interop::*;
 pub use jobs::*;
 pub use lease::*;
+pub use margin::*;
 pub use migrate::*;
 pub use ownership::*;
 pub use primitives::*;
@@ -137,6 +139,8 @@ macro_rules! conformance_suite {
             every_call_returns_within_its_bound_under_a_black_hole,
             an_abandoned_attempt_never_commits_after_its_deadline,
             pool_timeouts_say_whether_connections_answered,
+            a_lease_ends_locally_before_the_database_sees_it_expire,
+            an_answer_after_the_deadline_makes_no_guard,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
