@@ -697,7 +697,13 @@ impl<DB: Backend> Locker<DB> {
     /// Errors: [`Error::InvalidKey`], [`Error::InvalidDuration`] (nothing is written), or
     /// [`Error::Database`]: the statement or its answer was lost. If the database did
     /// grant the lock, the row is deleted in the background as soon as the database can
-    /// be reached again (trying until the lease would have ended).
+    /// be reached again (trying until a statement timeout past the lease's end).
+    ///
+    /// Answers by the lease's end (at least 1 s after the send) whatever the network does:
+    /// a database that does not answer by then is [`Error::PoolTimeout`] (no connection
+    /// could be had; its `cause` says why) or [`Error::Database`] (a timed-out I/O error),
+    /// and the statement cannot wait on the server past that moment either (README,
+    /// "Connections").
     ///
     /// # Cancel safety
     /// Cancel safe. The statement runs on the caller's task; if this future is dropped
@@ -715,7 +721,10 @@ impl<DB: Backend> Locker<DB> {
 
     /// Takes `key` for `lease`, waiting up to `wait`, then fails with [`Error::Timeout`].
     /// `wait` of zero makes a single attempt. Database errors end the wait at once: an
-    /// outage is not contention. Holds no pool connection while it sleeps.
+    /// outage is not contention. Holds no pool connection while it sleeps. Answers within
+    /// `wait` + [`WAIT_SLACK`](crate::WAIT_SLACK) (1 s) + 0.5 s even when the database does
+    /// not answer: an attempt still in flight then is cut (it finishes in the background,
+    /// removing what it won) and the wait ends with [`Error::Timeout`].
     ///
     /// Callers waiting for the same key through this locker queue in arrival order: only
     /// the first sends attempts, and a release of the key through this locker wakes it at
