@@ -231,7 +231,17 @@ macro_rules! on_lane {
     ($table:expr, |$conn:ident| $call:expr) => {{
         let table = $table;
         let until = Instant::now() + table.statement_timeout;
-        let lane = async {
+        let lane = async { on_lane_unbounded!(table, |$conn| $call) };
+        tokio::time::timeout_at(until, lane)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(NO_ANSWER)))
+    }};
+}
+
+/// [`on_lane!`] without its bound in time.
+macro_rules! on_lane_unbounded {
+    ($table:expr, |$conn:ident| $call:expr) => {{
+        let table = $table;
         let mut slot = table.lane.slot.lock().await;
         // Ahead of every statement of this process that comes after (SQLite).
         let _first = match &table.gate {
@@ -265,10 +275,6 @@ macro_rules! on_lane {
                 outcome => break outcome,
             }
         }
-        };
-        tokio::time::timeout_at(until, lane)
-            .await
-            .unwrap_or_else(|_| Err(timed_out(NO_ANSWER)))
     }};
 }
 
