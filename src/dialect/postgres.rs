@@ -12,13 +12,14 @@ use sqlx::{PgConnection, Postgres};
 
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, HandOff, ListenerOptions, LockId,
-    LockSql, MigrateSql, NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState,
-    RowWait, SqlValue, TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql,
-    unrenewed,
+    LockSql, MigrateSql, NotifySql, Released, ReleasedRow, Releases, RenewWait, Renewal,
+    RenewedRow, RowState, RowWait, SqlValue, TicketSql, TxSql, audited, db_code, quoted_after,
+    read_back_states, row_states, sql, unrenewed,
 };
 
 statements! { sql;
     read_keys: READ_KEYS,
+    renew_waiting: RENEW_WAITING,
     hand_off: HAND_OFF,
 }
 
@@ -149,18 +150,51 @@ RETURNING expire_time";
 // once PostgreSQL switches a prepared statement to its generic plan (after five runs),
 // it does not know the arrays' length, and it nested a loop over the RETURNING rows,
 // slow enough to lose every lease of a large batch (bench/RESULTS.md, "Figures behind
-// choices in the code").
+// choices in the code"). For the same reason the rows to renew are locked in a subquery
+// that yields whole batch entries, not a list of keys: with `t.lock_key = ANY(ARRAY(
+// <locked keys>))` the generic plan drove the update from that list and matched it
+// against the arrays by a nested loop (every lease against every lease).
+//
+// The rows are locked first, `SKIP LOCKED`: a row another transaction holds (a fenced
+// transaction's `FOR SHARE`, kept for hours when its connection went half-open) is left
+// out instead of waited for, and the read-back finds it live and still ours (`busy`). A
+// statement that waited would lose every lease of its batch at their deadlines and,
+// abandoned by the engine, keep the rows it had already updated locked on the server
+// until the holder of that one row let go. `FOR NO KEY UPDATE` is the lock the UPDATE
+// itself takes; the UPDATE repeats the subquery's conditions, checked again on the row
+// it now holds.
 const RENEW: &str = "\
+UPDATE {table} AS t
+   SET expire_time = clock_timestamp() + w.micros * INTERVAL '1 microsecond'
+  FROM (SELECT f.lock_key AS k, l.o, l.tok, l.micros
+          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS l(k, o, tok, micros)
+          JOIN {table} AS f ON f.lock_key = l.k
+         WHERE f.lock_value = l.o AND f.fencing_token = l.tok
+           AND f.expire_time > clock_timestamp()
+           FOR NO KEY UPDATE OF f SKIP LOCKED) AS w
+ WHERE t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
+   AND t.expire_time > clock_timestamp()
+RETURNING t.lock_key::text, t.lock_value::text, t.fencing_token, t.expire_time";
+
+// The renewal of leases that were busy (RenewWait::Briefly): it waits for a row lock, but
+// at most `lock_timeout` (100 ms: RenewWait::Briefly), set for this statement's implicit transaction
+// only. The uncorrelated subquery is an InitPlan under a One-Time Filter: it runs before
+// the first row is read, so before any lock wait (checked with EXPLAIN, generic plan).
+// When the time runs out the statement fails whole (55P03), and so gives every lock back.
+const RENEW_WAITING: &str = "\
 UPDATE {table} AS t
    SET expire_time = clock_timestamp() + w.micros * INTERVAL '1 microsecond'
   FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS w(k, o, tok, micros)
  WHERE t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
    AND t.expire_time > clock_timestamp()
+   AND (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL
 RETURNING t.lock_key::text, t.lock_value::text, t.fencing_token, t.expire_time";
 
-// The rows of keys a renewal did not renew.
+// The rows of keys a renewal did not renew, and whether each is live by the database
+// clock. A plain read: it waits for no lock.
 const READ_KEYS: &str = "\
-SELECT lock_key::text, lock_value::text, fencing_token, expire_time
+SELECT lock_key::text, lock_value::text, fencing_token, expire_time,
+       expire_time > clock_timestamp()
   FROM {table} WHERE lock_key = ANY($1)";
 
 // Tickets of one key are handed out one at a time (the advisory lock is held until the
@@ -345,18 +379,30 @@ impl LockSql for Postgres {
         conn: &mut PgConnection,
         sql: &Statements,
         batch: &[Renewal<'_>],
+        wait: RenewWait,
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let keys: Vec<&str> = batch.iter().map(|r| r.id.key).collect();
         let owners: Vec<&str> = batch.iter().map(|r| r.id.owner).collect();
         let tokens: Vec<i64> = batch.iter().map(|r| r.id.fencing_token).collect();
         let micros: Vec<i64> = batch.iter().map(|r| r.lease_micros).collect();
-        let renewed: Vec<RenewedRow> = sqlx::query_as(audited(&sql.renew))
+        let statement = match wait {
+            RenewWait::Skip => &sql.renew,
+            RenewWait::Briefly => &sql.renew_waiting,
+        };
+        let renewed: Vec<RenewedRow> = match sqlx::query_as(audited(statement))
             .bind(keys)
             .bind(owners)
             .bind(tokens)
             .bind(micros)
             .fetch_all(&mut *conn)
-            .await?;
+            .await
+        {
+            Ok(renewed) => renewed,
+            // The wait ran out: nothing was renewed, and the read-back says which rows
+            // are still ours and live (busy).
+            Err(err) if Self::is_row_locked(&err) => Vec::new(),
+            Err(err) => return Err(err),
+        };
         renewed_then_read_back!(conn, sql, batch, renewed)
     }
 

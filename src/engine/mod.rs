@@ -110,6 +110,8 @@ struct EngineState<DB: Backend> {
     wake: Notify,
     /// The last pass whose results have been applied.
     passes_done: watch::Sender<u64>,
+    /// Leases whose row another transaction held locked at their last renewal.
+    busy: renewal::BusyLeases,
     /// Set once the task was spawned: every acquisition asks, and needs no lock to hear yes.
     started: AtomicBool,
     /// Held while the task is being spawned, so that it is spawned once.
@@ -169,6 +171,7 @@ impl<DB: Backend> Engine<DB> {
                 }),
                 wake: Notify::new(),
                 passes_done: watch::channel(0).0,
+                busy: Default::default(),
                 started: AtomicBool::new(false),
                 starting: Mutex::new(()),
             }),
