@@ -123,15 +123,18 @@ UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON
  WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)";
 
 // RENEW for leases that were busy (RenewWait::Briefly): it may wait for a row lock, as
-// long as MariaDB's `max_statement_time` (100 ms: RenewWait::Briefly; error 1969 after it, the
-// statement rolled back). Its batches are one lease each, so that bounds the wait.
+// long as MariaDB's `max_statement_time` (100 ms; error 1969 after it, the statement
+// rolled back). Its batches are one lease each, so that bounds the wait. SYSDATE(6), not
+// NOW(6): NOW(6) is the statement's start, and an UPDATE that got its row after the
+// holder of the lock ended (the fenced session ended by its idle timeout) renewed a
+// lease that had run out while it waited; SYSDATE(6) is read when the row is checked,
+// after the wait. (Statement-based replication cannot replay SYSDATE: MIXED logs this
+// statement by row.) Its answer is read back, not taken from the OK packet.
 const RENEW_WAITING: &str = "\
 /*M! SET STATEMENT max_statement_time = 0.1 FOR */
 UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON t.lock_key = w.k
-   SET t.expire_time = NOW(6) + INTERVAL w.micros MICROSECOND,
-       t.acquired_at = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', NOW(6))) > 0,
-                          t.acquired_at, t.acquired_at)
- WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)";
+   SET t.expire_time = SYSDATE(6) + INTERVAL w.micros MICROSECOND
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > SYSDATE(6)";
 
 // The batch's rows that are still ours, live, and not locked by anyone else right now.
 // Outside a transaction: the locks it takes go at its end, so nothing is held between
@@ -501,7 +504,7 @@ impl LockSql for MySql {
         let asked: HashSet<&str> = match update_batch(conn, statement, &json).await? {
             // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
             // the batch was renewed when it equals the batch's size.
-            Some(done) if done.rows_affected() == batch.len() as u64 => {
+            Some(done) if wait == RenewWait::Skip && done.rows_affected() == batch.len() as u64 => {
                 let now = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
                 return Ok(batch
                     .iter()

@@ -19,7 +19,7 @@ use super::{
 
 statements! { sql;
     read_keys: READ_KEYS,
-    renew_waiting: RENEW_WAITING,
+    renew_waiting: &renew_waiting(),
     hand_off: HAND_OFF,
 }
 
@@ -176,19 +176,25 @@ UPDATE {table} AS t
    AND t.expire_time > clock_timestamp()
 RETURNING t.lock_key::text, t.lock_value::text, t.fencing_token, t.expire_time";
 
-// The renewal of leases that were busy (RenewWait::Briefly): it waits for a row lock, but
-// at most `lock_timeout` (100 ms: RenewWait::Briefly), set for this statement's implicit transaction
-// only. The uncorrelated subquery is an InitPlan under a One-Time Filter: it runs before
-// the first row is read, so before any lock wait (checked with EXPLAIN, generic plan).
-// When the time runs out the statement fails whole (55P03), and so gives every lock back.
-const RENEW_WAITING: &str = "\
-UPDATE {table} AS t
-   SET expire_time = clock_timestamp() + w.micros * INTERVAL '1 microsecond'
-  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS w(k, o, tok, micros)
- WHERE t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
-   AND t.expire_time > clock_timestamp()
-   AND (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL
-RETURNING t.lock_key::text, t.lock_value::text, t.fencing_token, t.expire_time";
+// The renewal of leases that were busy (RenewWait::Briefly): RENEW waiting for the row
+// locks, but at most `lock_timeout` (100 ms) each, set for this statement's implicit
+// transaction only. The uncorrelated subquery is an InitPlan under a One-Time Filter: it
+// runs before the first row is read, so before any lock wait (checked with EXPLAIN,
+// generic plan). When the time runs out the statement fails whole (55P03), and so gives
+// every lock back. The outer UPDATE checks the lease again once the row is locked, by the
+// clock of that moment: an UPDATE that waits for a row checks its conditions (and
+// computes its SET) before the wait, and when the holder of the lock ends without
+// changing the row (the fenced session ended by its idle timeout), it then renewed a
+// lease that had run out meanwhile (seen in the stuck-fence conformance case).
+fn renew_waiting() -> String {
+    let waiting = RENEW.replacen(
+        "FOR NO KEY UPDATE OF f SKIP LOCKED",
+        "AND (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL\n           FOR NO KEY UPDATE OF f",
+        1,
+    );
+    debug_assert_ne!(waiting, RENEW);
+    waiting
+}
 
 // The rows of keys a renewal did not renew, and whether each is live by the database
 // clock. A plain read: it waits for no lock.
@@ -685,15 +691,42 @@ const RESTORE_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)"
 // FOR SHARE, not FOR KEY SHARE: a takeover or renewal updates non-key columns, which
 // FOR KEY SHARE would let through. A takeover that raced us is waited for and re-checked
 // (READ COMMITTED re-evaluates the WHERE on the new row version).
+//
+// The row stays locked until the caller's transaction ends; if its connection goes
+// half-open, until the server notices (about two hours on default settings), and for all
+// that time neither renewal nor any rival can have the row. So the check also bounds the
+// transaction's idle time (`idle_in_transaction_session_timeout`, for this transaction
+// only) by what the lease has left: the server then ends a session that stays idle in the
+// transaction that long, and the row is free. Past that moment the lease has run out by
+// the database clock (renewal skips a locked row, so it cannot move it), and the guard
+// says lost. A shorter timeout of the caller's own is kept. Set in the outer query, over
+// the locked row: an EvalPlanQual re-check that drops the row sets nothing.
 const CHECK_FENCE: &str = "\
-SELECT fencing_token FROM {table}
- WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
-   AND expire_time > clock_timestamp()
-   FOR SHARE";
+SELECT f.fencing_token,
+       set_config('idle_in_transaction_session_timeout',
+                  (CASE WHEN b.was > 0 AND b.was < b.left_ms THEN b.was ELSE b.left_ms END)::text,
+                  true)
+  FROM (SELECT fencing_token, expire_time FROM {table}
+         WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+           AND expire_time > clock_timestamp()
+           FOR SHARE) AS f,
+       LATERAL (SELECT GREATEST(1, ceil(EXTRACT(EPOCH FROM f.expire_time - clock_timestamp()) * 1000))::bigint AS left_ms,
+                       (EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS was) AS b";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_waiting_renewal_is_the_renewal_with_a_bounded_wait() {
+        let waiting = renew_waiting();
+        assert!(!waiting.contains("SKIP LOCKED"), "{waiting}");
+        let bound = waiting.find("'lock_timeout'").expect("the bound is set");
+        let lock = waiting
+            .find("FOR NO KEY UPDATE")
+            .expect("the rows are locked");
+        assert!(bound < lock, "{waiting}");
+    }
 
     #[test]
     fn the_relaxed_acquisition_checks_the_epoch_before_the_draw() {

@@ -19,6 +19,7 @@ mod primitives;
 mod queue;
 mod racing;
 mod schedule;
+mod stuck_fence;
 mod waiting;
 mod wakeups;
 
@@ -41,6 +42,7 @@ pub use primitives::*;
 pub use queue::*;
 pub use racing::*;
 pub use schedule::*;
+pub use stuck_fence::*;
 pub use waiting::*;
 pub use wakeups::*;
 
@@ -132,6 +134,7 @@ macro_rules! conformance_suite {
             any_locker_times_out,
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
+            one_stuck_fenced_transaction_costs_one_lease,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
