@@ -32,7 +32,8 @@ impl<DB: Backend> LockGuard<DB> {
     /// `idle_in_transaction_session_timeout` for `tx` only (`set_config(.., true)`, in
     /// the same statement) to what the lease has left by the database clock, unless
     /// yours is shorter: a session that then sits idle in `tx` that long is ended by the
-    /// server (an error at your next statement, the connection closed), which frees the
+    /// server (your next statement fails, read by [`explain`](Self::explain) as
+    /// [`Error::NotHeld`] once the lease is gone; the connection is closed), which frees the
     /// row; by that time the lease has run out, and the fence could no longer be
     /// trusted. On MariaDB set `idle_transaction_timeout` (seconds, at most your leases'
     /// length) on the connections you fence transactions on; MySQL 8 has no such

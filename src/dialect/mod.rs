@@ -476,7 +476,9 @@ pub trait ErrorCodes: Database {
 
     /// Whether the server rolled the caller's transaction back because another one
     /// changed what it had read or locked: a deadlock victim, a serialization failure, a
-    /// Galera certification failure or brute-force abort. Such an answer in a
+    /// Galera certification failure or brute-force abort; on PostgreSQL also the end of a
+    /// session idle in a fenced transaction until its lease could have run out (the idle
+    /// timeout the fence check sets). Such an answer in a
     /// transaction fenced by [`assert_held`](crate::LockGuard::assert_held) may be a
     /// takeover of the lock (see [`LockGuard::explain`](crate::LockGuard::explain)).
     fn is_conflict_rollback(err: &sqlx::Error) -> bool {

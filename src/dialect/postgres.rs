@@ -501,8 +501,11 @@ impl ErrorCodes for Postgres {
     }
 
     fn is_conflict_rollback(err: &sqlx::Error) -> bool {
-        // deadlock victim, serialization failure (REPEATABLE READ and SERIALIZABLE)
-        matches!(db_code(err).as_deref(), Some("40P01" | "40001"))
+        // deadlock victim, serialization failure (REPEATABLE READ and SERIALIZABLE), and
+        // the idle-in-transaction timeout that the fence check set to the lease's
+        // remaining time (CHECK_FENCE): the server ended the fenced session, and the
+        // transaction with it, because it sat idle until the lease could have run out
+        matches!(db_code(err).as_deref(), Some("40P01" | "40001" | "25P03"))
     }
 
     fn is_pooler_mixup(err: &sqlx::Error) -> bool {
