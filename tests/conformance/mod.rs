@@ -135,6 +135,7 @@ macro_rules! conformance_suite {
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
             one_stuck_fenced_transaction_costs_one_lease,
+            a_hammered_key_stays_renewed,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

@@ -1,5 +1,7 @@
 //! Issue 42, point 4: one fenced transaction whose connection went half-open costs its
 //! own lease at most. Written once; PostgreSQL and MariaDB run it, SQLite says why not.
+//! And the other side of not waiting for row locks: a held key that rivals hammer (each
+//! attempt locks its row for a moment) is still renewed.
 //!
 //! The fenced transaction (`assert_held`) runs on a connection through a proxy that is
 //! then black-holed: the server keeps the transaction open, its row locked, until it
@@ -13,6 +15,8 @@ use dblock::{LockGuard, Locker, LostReason};
 use sqlx::pool::PoolConnection;
 use sqlx::{MySql, Postgres, Sqlite};
 use tokio::time::{Instant, sleep, timeout};
+
+use futures::future::join_all;
 
 use super::PATIENCE;
 use crate::common::proxy::{Proxy, upstream_of, via_proxy};
@@ -300,4 +304,62 @@ pub async fn one_stuck_fenced_transaction_costs_one_lease<DB: StuckFence>() {
         rival.release().await.expect("release the rival's guard");
     }
     drop(tx);
+}
+
+/// Rivals hammering a held key in the hammer case.
+const RIVALS: usize = 8;
+/// How long they hammer: several of the holder's leases.
+const HAMMERING: Duration = Duration::from_secs(6);
+/// The hammered guard's lease, renewed every half second.
+const HOT_LEASE: Duration = Duration::from_millis(1500);
+
+/// A key held through a renewing Locker while eight rivals on another pool call
+/// `try_acquire` on it back to back for four leases: each attempt locks the row for a
+/// moment (PostgreSQL's upsert locks the conflicting row until its commit), so the row is
+/// locked most of the time.
+///
+/// Proves: the lease is never lost and every rival attempt is refused. A renewal that
+/// only ever skipped a locked row found it free in 39 of 100 tries under such a stream
+/// (PostgreSQL, 8 clients), and lost the lease within seconds; a busy lease's retry
+/// waits for the row briefly instead.
+pub async fn a_hammered_key_stays_renewed<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let holder = Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .renew_interval(HOT_LEASE / 3)
+        .build()
+        .expect("valid options");
+    let guard = holder
+        .try_acquire("hot", HOT_LEASE)
+        .await
+        .expect("try_acquire")
+        .expect("the key is free");
+    let rivals = db.another_pool().await;
+    let stop = Instant::now() + HAMMERING;
+    let hammer = (0..RIVALS).map(|_| {
+        let rival = Locker::builder(rivals.clone())
+            .table(&db.table)
+            .auto_renew(false)
+            .build()
+            .expect("valid options");
+        async move {
+            let mut tries = 0u64;
+            while Instant::now() < stop {
+                let won = rival.try_acquire("hot", LEASE).await.expect("try_acquire");
+                assert!(won.is_none(), "a rival was granted the held key");
+                tries += 1;
+            }
+            tries
+        }
+    });
+    let tries: u64 = join_all(hammer).await.into_iter().sum();
+    assert_eq!(
+        guard.lost_reason(),
+        None,
+        "the hammered lease was lost ({tries} rival attempts; stats {:?})",
+        holder.stats()
+    );
+    guard.release().await.expect("release the hammered key");
 }
