@@ -23,7 +23,7 @@ use tokio::time::{Instant, sleep};
 use crate::config::RetryPolicy;
 use crate::core::Core;
 use crate::dialect::{Acquired, Backend, LockId};
-use crate::error::{Error, Result};
+use crate::error::{Error, LostReason, Result};
 use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
 use crate::line::{Line, Offer, Terms};
@@ -148,6 +148,8 @@ pub(crate) async fn attempt<DB: Backend>(
     request: Request<'_>,
     gate: &mut Gate,
 ) -> Result<Option<Arc<Lease>>> {
+    // Before anything is sent: a lease that would end locally before its first renewal.
+    core.margin.check(request.lease, request.renew)?;
     // The fair-mode check and the failure clean-up below are boxed: held inline they made
     // every attempt's future bigger, which the allocator and every move pay for.
     if core.tickets.is_some() {
@@ -190,9 +192,7 @@ pub(crate) async fn attempt<DB: Backend>(
     } = answer(&mut in_flight.statement).await;
     match outcome {
         Ok(Some(won)) => {
-            Counters::bump(&core.counters.acquired);
-            tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
-            Ok(Some(core.engine.start_lease(Won {
+            let won = Won {
                 key,
                 owner,
                 fencing_token: won.fencing_token,
@@ -200,7 +200,14 @@ pub(crate) async fn attempt<DB: Backend>(
                 length: request.lease,
                 interval: request.renew,
                 sent_at,
-            })))
+                margin: core.margin,
+            };
+            if Instant::now() >= won.deadline() {
+                return Err(late(core, vec![won], until));
+            }
+            Counters::bump(&core.counters.acquired);
+            tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
+            Ok(Some(core.engine.start_lease(won)))
         }
         Ok(None) => Ok(None),
         Err(err) if in_flight.gate.is_some() => {
@@ -227,6 +234,45 @@ pub(crate) async fn attempt<DB: Backend>(
                 remove_leftover(&table, &policy, &key, &owner, None, until).await;
             });
             Err(err)
+        }
+    }
+}
+
+/// The error of an acquisition answered at or after its lease's local deadline (sent
+/// before `until`, the lease's end at the earliest by the database clock): its holder
+/// could not act on it, so it becomes no guard. Its rows (all of one owner) go in the
+/// background, each by its token, while there is time; else they expire.
+fn late<DB: Backend>(core: &Core<DB>, won: Vec<Won>, until: Instant) -> Error {
+    Counters::bump(&core.counters.late_answers);
+    let key = won.first().map(|won| won.key.clone()).unwrap_or_default();
+    tracing::warn!(
+        key,
+        owner = won.first().map(|won| won.owner.as_str()),
+        "acquisition answered after its lease's local deadline: no guard, the row is released"
+    );
+    let (table, policy) = (Arc::clone(&core.table), core.retry);
+    core.jobs.spawn(async move {
+        for won in &won {
+            let token = Some(won.fencing_token);
+            remove_leftover(&table, &policy, &won.key, &won.owner, token, until).await;
+        }
+    });
+    Error::LockLost {
+        key,
+        reason: LostReason::Expired,
+    }
+}
+
+/// A lease a waiter won, as its caller's guard: unless its deadline has passed already
+/// (a handed lease whose waiter ran late), when it is released in the background and the
+/// wait ends with its loss, as a late answer's does.
+fn fresh<DB: Backend>(core: &Core<DB>, lease: Arc<Lease>) -> Result<Arc<Lease>> {
+    match lease.lost_reason() {
+        None => Ok(lease),
+        Some(reason) => {
+            let key = lease.key.clone();
+            core.engine.release_in_background(lease);
+            Err(Error::LockLost { key, reason })
         }
     }
 }
@@ -272,6 +318,7 @@ pub(crate) async fn attempt_all<DB: Backend>(
     lease: Duration,
     renew: Option<Duration>,
 ) -> Result<Option<Vec<Arc<Lease>>>> {
+    core.margin.check(lease, renew)?;
     Counters::bump(&core.counters.attempts);
     let sent_at = Instant::now();
     let until = sent_at + lease;
@@ -290,22 +337,31 @@ pub(crate) async fn attempt_all<DB: Backend>(
     let outcome = answer(&mut in_flight.statement).await;
     match outcome {
         Ok(Some(won)) => {
-            Counters::bump(&core.counters.acquired);
-            tracing::debug!(?keys, owner, "locks acquired");
-            let leases = keys
+            let won: Vec<Won> = keys
                 .iter()
                 .zip(won)
-                .map(|(key, won)| {
-                    core.engine.start_lease(Won {
-                        key: key.clone(),
-                        owner: owner.to_owned(),
-                        fencing_token: won.fencing_token,
-                        expires_at: won.expires_at,
-                        length: lease,
-                        interval: renew,
-                        sent_at,
-                    })
+                .map(|(key, won)| Won {
+                    key: key.clone(),
+                    owner: owner.to_owned(),
+                    fencing_token: won.fencing_token,
+                    expires_at: won.expires_at,
+                    length: lease,
+                    interval: renew,
+                    sent_at,
+                    margin: core.margin,
                 })
+                .collect();
+            if won
+                .first()
+                .is_some_and(|won| Instant::now() >= won.deadline())
+            {
+                return Err(late(core, won, until));
+            }
+            Counters::bump(&core.counters.acquired);
+            tracing::debug!(?keys, owner, "locks acquired");
+            let leases = won
+                .into_iter()
+                .map(|won| core.engine.start_lease(won))
                 .collect();
             Ok(Some(leases))
         }
@@ -421,7 +477,7 @@ where
             attempts += 1;
             let ticket = place.ticket().await?;
             if let Some(lease) = attempt(ticket).await? {
-                return Ok(place.won(lease).await);
+                return fresh(core, place.won(lease).await);
             }
             if wait.is_zero() || Instant::now() >= deadline {
                 break;
@@ -461,7 +517,7 @@ where
             lease = async { (&mut handed.as_mut().expect("offered").receiver).await }, if handed.is_some() => {
                 handed = None;
                 match lease {
-                    Ok(lease) => return Ok(place.won(lease).await),
+                    Ok(lease) => return fresh(core, place.won(lease).await),
                     // The release took the offer but did not hand the row over (a waiter
                     // elsewhere, an expired lease, a failed statement): it woke this
                     // waiter too, to attempt at once, unless it deleted the row for a
@@ -481,7 +537,7 @@ where
             && !place.withdraw()
         {
             match (&mut handed.receiver).await {
-                Ok(lease) => return Ok(place.won(lease).await),
+                Ok(lease) => return fresh(core, place.won(lease).await),
                 Err(_) => standing = None,
             }
         }

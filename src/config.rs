@@ -68,6 +68,82 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// How often the watchdog renews a held lease by default; a guard renews at
 /// `min(interval, lease / 3)`, so short leases are renewed often enough.
 pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_secs(10);
+/// The fixed part of the default lease margin (see
+/// [`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin)), capped at a tenth
+/// of the lease for short leases.
+pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(100);
+/// The drift part of every lease margin: `lease / LEASE_DRIFT_DIVISOR` (1 %), for clocks
+/// that run at different rates and timers that fire late.
+pub const LEASE_DRIFT_DIVISOR: u32 = 100;
+
+/// How long before the database may see a lease expire that dblock ends it locally.
+///
+/// A lease's local deadline is the send time of the last statement that set its expiry
+/// (the acquisition, a renewal, an `extend`), plus the lease, **minus this margin**. The
+/// database starts counting the lease only once the statement reaches it, so its expiry
+/// is never earlier than `send time + lease` by the database clock; ending the lease a
+/// margin sooner covers what can still make the holder learn late: the client's clock
+/// running slower than the server's, a timer that fires a millisecond late, a task
+/// scheduled late on a busy machine. At the deadline [`LockGuard::lost`](crate::LockGuard::lost)
+/// completes, [`LockGuard::lost_reason`](crate::LockGuard::lost_reason) turns `Some` and
+/// [`Locker::with_lock`](crate::Locker::with_lock) drops its work, whether or not a renewal
+/// is in flight; an acquisition or `extend` answered after it yields no lease.
+///
+/// The margin of a lease `l` is `fixed + l / 100`, where `fixed` is
+/// [`DEFAULT_LEASE_MARGIN`] (100 ms) capped at `l / 10` by default, or what
+/// [`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin) sets: 3 s leases end
+/// 130 ms early, 30 s leases 400 ms early, 100 ms leases 11 ms early. A lease must exceed
+/// its margin plus its renew interval; the default margin always leaves room.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dblock::Error> {
+/// use std::time::Duration;
+/// use dblock::Locker;
+///
+/// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// let locker = Locker::new(pool.clone());
+/// assert_eq!(locker.lease_margin(Duration::from_secs(3)), Duration::from_millis(130));
+/// assert_eq!(locker.lease_margin(Duration::from_secs(30)), Duration::from_millis(400));
+///
+/// // A wider fixed part, for a client whose timers may fire late by more than 100 ms.
+/// let wary = Locker::builder(pool).lease_margin(Duration::from_millis(500)).build()?;
+/// assert_eq!(wary.lease_margin(Duration::from_secs(30)), Duration::from_millis(800));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct LeaseMargin {
+    /// The fixed part; `None`: [`DEFAULT_LEASE_MARGIN`], capped at a tenth of the lease.
+    pub(crate) fixed: Option<Duration>,
+}
+
+impl LeaseMargin {
+    /// The margin of a lease of `lease`.
+    pub(crate) fn of(&self, lease: Duration) -> Duration {
+        let fixed = self
+            .fixed
+            .unwrap_or_else(|| DEFAULT_LEASE_MARGIN.min(lease / 10));
+        fixed + lease / LEASE_DRIFT_DIVISOR
+    }
+
+    /// Refuses a lease that would end locally before its first renewal could run: it must
+    /// exceed its margin plus its renew interval (`renew`, `None` when not renewed).
+    pub(crate) fn check(&self, lease: Duration, renew: Option<Duration>) -> Result<()> {
+        let margin = self.of(lease);
+        let interval = renew.unwrap_or(Duration::ZERO);
+        if margin + interval >= lease {
+            return Err(Error::InvalidDuration {
+                what: "lease",
+                value: lease,
+                reason: format!(
+                    "must exceed its margin ({margin:?}, LockerBuilder::lease_margin) plus its                      renew interval ({interval:?}): the lease would end locally before it                      could be renewed"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// How often a reaper started with [`ReaperConfig::default`](crate::ReaperConfig) runs.
 pub const DEFAULT_REAP_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows deleted per reaper statement by default: bounded so a large backlog never holds

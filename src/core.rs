@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::RetryPolicy;
+use crate::config::{LeaseMargin, RetryPolicy};
 use crate::dialect::Backend;
 use crate::engine::{self, Engine};
 use crate::fair::{Fair, Tickets};
@@ -40,6 +40,8 @@ pub(crate) struct Core<DB: Backend> {
     pub(crate) owner_prefix: String,
     pub(crate) default_lease: Duration,
     pub(crate) renew_interval: Duration,
+    /// How long before the database may see a lease expire that it ends locally.
+    pub(crate) margin: LeaseMargin,
 }
 
 /// How a Locker hears releases of other processes.
@@ -59,6 +61,7 @@ pub(crate) struct Settings<DB: Backend> {
     pub(crate) owner_prefix: String,
     pub(crate) default_lease: Duration,
     pub(crate) renew_interval: Duration,
+    pub(crate) margin: LeaseMargin,
     pub(crate) key_label: KeyLabel,
 }
 
@@ -79,6 +82,7 @@ impl<DB: Backend> Core<DB> {
             queues: Arc::clone(&queues),
             wakeups: Arc::clone(&wakeups),
             jobs: jobs.clone(),
+            margin: settings.margin,
         });
         let tickets = settings.fair.then(|| {
             Arc::new(Tickets::new(
@@ -99,6 +103,7 @@ impl<DB: Backend> Core<DB> {
             owner_prefix: settings.owner_prefix,
             default_lease: settings.default_lease,
             renew_interval: settings.renew_interval,
+            margin: settings.margin,
         }
     }
 

@@ -395,7 +395,8 @@ impl<DB: Backend> Election<DB> {
         loop {
             let leadership = match self.campaign(identity, lease).await {
                 Ok(leadership) => leadership,
-                Err(err) if err.is_retryable() => {
+                // A win answered after its own deadline (`LockLost`) was no win: again.
+                Err(err) if err.is_retryable() || matches!(err, Error::LockLost { .. }) => {
                     tracing::warn!(election = %self.name, error = %err, "campaign failed; campaigning again");
                     sleep(backoff.longest()).await;
                     continue;

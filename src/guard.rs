@@ -146,14 +146,19 @@ impl<DB: Backend> LockGuard<DB> {
         self.lease.expires_at()
     }
 
-    /// Why the lease was lost, if it was; `None` while it is held.
+    /// Why the lease was lost, if it was; `None` while it is held. Past the lease's local
+    /// deadline (see [`lost`](Self::lost)) it is `Some` at once, whoever looks.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.lease.lost_reason()
     }
 
     /// Completes with the reason when the lease is lost: the row expired, was taken over
-    /// or deleted, or the database stayed unreachable until the lease's deadline. Fires
-    /// within one renewal interval of the loss. Pending forever while the lease is held.
+    /// or deleted, or the database stayed unreachable until the lease's local deadline,
+    /// which is a margin before the database can see it expire (send time of the last
+    /// successful acquire or renewal + lease - [`Locker::lease_margin`](crate::Locker::lease_margin)):
+    /// `Unreachable` then, even while a renewal is still in flight. A row taken over or
+    /// deleted under a live lease is found at the next renewal. Pending forever while the
+    /// lease is held.
     ///
     /// # Cancel safety
     /// Cancel safe: it only watches.
@@ -163,7 +168,11 @@ impl<DB: Backend> LockGuard<DB> {
 
     /// Sets the lease to end `lease` from now (database clock), if the row is still ours
     /// and unexpired; returns the new expiry. [`Error::NotHeld`] when it is not (nothing is
-    /// changed then). Renewal goes on with the lease the guard was acquired with.
+    /// changed then), and also, without a statement, when the guard's lease has already
+    /// ended locally ([`lost_reason`](Self::lost_reason) is `Some`: a loss is never taken
+    /// back). [`Error::LockLost`] when the answer came back after the local deadline the
+    /// new lease would have had (send time + `lease` - its margin): the guard is lost.
+    /// Renewal goes on with the lease the guard was acquired with.
     ///
     /// # Cancel safety
     /// Cancel safe: if dropped, the lease was either extended or left as it was.

@@ -82,7 +82,9 @@ impl<DB: Backend> Job<'_, DB> {
     /// The longest the key stays locked: the lease, which is not renewed. If the node dies
     /// the key frees itself this long after the acquisition; if the work runs longer, the
     /// lease ends, the work is cancelled at its next await point and [`Error::LockLost`]
-    /// is returned (another node may have started by then). Choose it well above the
+    /// is returned: at the lease's local deadline, a margin
+    /// ([`Locker::lease_margin`](crate::Locker::lease_margin)) before another node can
+    /// start. Choose it well above the
     /// work's longest run. Between [`MIN_LEASE`](crate::MIN_LEASE) and
     /// [`MAX_LEASE`](crate::MAX_LEASE).
     pub fn lock_at_most_for(mut self, at_most: Duration) -> Self {

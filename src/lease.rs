@@ -1,10 +1,14 @@
 //! A held lease: its row, what holders can observe about it, and its timing. The lease
 //! engine ([`crate::engine`]) renews it; the lease itself sends nothing.
 //!
-//! Loss is reported at the *earliest* moment the database may consider the lease over:
-//! the send time of the last successful acquire or renew statement, plus the lease. A
-//! lease nobody renews (renewal off, or its engine stopped) marks itself `Expired` when
-//! that deadline passes and somebody looks ([`Lease::lost`], [`Lease::lost_reason`]).
+//! Loss is reported a margin *before* the earliest moment the database may consider the
+//! lease over: the send time of the last successful acquire or renew statement, plus the
+//! lease, minus the lease's margin ([`LeaseMargin`]). Whoever looks after that deadline
+//! ([`Lease::lost`], [`Lease::lost_reason`]) finds the lease lost, whether or not a
+//! renewal is in flight: `Unreachable` while an engine was renewing it (its statement got
+//! no answer in time), `Expired` when nobody renews it (renewal off, or its engine
+//! stopped). A waiter of `lost()` sleeps until the deadline itself rather than relying on
+//! the engine's task to be woken and report it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,6 +18,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until};
 
+use crate::config::LeaseMargin;
 use crate::dialect::LockId;
 use crate::error::LostReason;
 use crate::metrics::{self, Failure, TableMetrics};
@@ -55,6 +60,8 @@ pub(crate) struct Lease {
     pub(crate) length: Duration,
     /// How often the engine renews it; `None` when it is not renewed.
     pub(crate) interval: Option<Duration>,
+    /// How long before `send time + lease` the lease ends locally.
+    margin: LeaseMargin,
     /// The engine's registry key.
     pub(crate) id: u64,
     /// Behind its own lock: holders read it without touching the engine's [`Timing`].
@@ -91,6 +98,16 @@ pub(crate) struct Won {
     pub(crate) interval: Option<Duration>,
     /// When the acquisition statement was sent.
     pub(crate) sent_at: Instant,
+    /// The Locker's margin (see [`LeaseMargin`]).
+    pub(crate) margin: LeaseMargin,
+}
+
+impl Won {
+    /// When this acquisition's lease ends locally: its send time plus the lease, less the
+    /// margin. An answer that arrives at or after it must not become a guard.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.sent_at + self.length.saturating_sub(self.margin.of(self.length))
+    }
 }
 
 impl Lease {
@@ -122,7 +139,7 @@ impl Lease {
             expires_at: won.expires_at,
             lost: None,
         });
-        let deadline = won.sent_at + won.length;
+        let deadline = won.deadline();
         metrics::held(&metrics, 1);
         Lease {
             key: won.key,
@@ -130,6 +147,7 @@ impl Lease {
             fencing_token: won.fencing_token,
             length: won.length,
             interval: won.interval,
+            margin: won.margin,
             id,
             status,
             changed: Notify::new(),
@@ -177,18 +195,32 @@ impl Lease {
         self.timing().deadline
     }
 
-    /// Why the lease was lost, if it was. A lease nobody renews is lost once its deadline
-    /// has passed.
+    /// The local deadline of a statement sent at `sent_at` that asked for `length`.
+    fn ends(&self, sent_at: Instant, length: Duration) -> Instant {
+        sent_at + length.saturating_sub(self.margin.of(length))
+    }
+
+    /// Why the lease was lost, if it was. Once its deadline has passed the lease is lost,
+    /// whoever looks and whether or not a renewal is in flight: the database may give the
+    /// key away a margin later, and nothing may act on the lease by then.
     pub(crate) fn lost_reason(&self) -> Option<LostReason> {
         if let Some(reason) = self.status().lost {
             return Some(reason);
         }
         let lapsed = {
             let timing = self.timing();
-            !timing.renewing && !timing.ended && Instant::now() >= timing.deadline
+            (!timing.ended && Instant::now() >= timing.deadline).then_some(
+                // An engine that renews it sent a statement that did not come back in
+                // time (or could not send one); a lease nobody renews simply ran out.
+                if timing.renewing {
+                    LostReason::Unreachable
+                } else {
+                    LostReason::Expired
+                },
+            )
         };
-        if lapsed {
-            self.mark_lost(LostReason::Expired);
+        if let Some(reason) = lapsed {
+            self.mark_lost(reason);
         }
         self.status().lost
     }
@@ -201,15 +233,18 @@ impl Lease {
             if let Some(reason) = self.lost_reason() {
                 return reason;
             }
-            let (renewing, deadline) = {
+            let (deadline, ended) = {
                 let timing = self.timing();
-                (timing.renewing, timing.deadline)
+                (timing.deadline, timing.ended)
             };
-            // Every renewal, loss and change of who renews notifies `changed`; a lease
-            // nobody renews also wakes at its deadline.
+            // Every renewal, loss and change of who renews notifies `changed`; the
+            // deadline wakes it too, renewed or not: a renewal still in flight then has
+            // come too late, and waiting for the engine's task to say so would add its
+            // wake-up to the holder's learning time.
             tokio::select! {
                 _ = changed => {}
-                _ = sleep_until(deadline), if !renewing => {}
+                // A released lease is never lost: only a change can end this wait.
+                _ = sleep_until(deadline), if !ended => {}
             }
         }
     }
@@ -228,10 +263,15 @@ impl Lease {
         sent_at: Instant,
         length: Duration,
     ) -> Instant {
+        // A lease whose deadline passed before this answer came stays lost: whoever
+        // looked in between was told so, and a loss is never taken back.
+        if self.lost_reason().is_some() {
+            return Instant::now();
+        }
         let latest;
         let due = {
             let mut timing = self.timing();
-            let ends = sent_at + length;
+            let ends = self.ends(sent_at, length);
             latest = sent_at >= timing.last_sent;
             if latest {
                 timing.last_sent = sent_at;

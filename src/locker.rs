@@ -10,9 +10,9 @@ use sqlx::Pool;
 use crate::acquire::{self, Gate, Request};
 use crate::config::{
     DEFAULT_LEASE, DEFAULT_REAP_BATCH, DEFAULT_RELAXED_TABLE, DEFAULT_RENEW_INTERVAL,
-    DEFAULT_TABLE, Durability, MAX_LEASE, MIN_LEASE, RetryPolicy, default_owner_prefix,
-    validate_acquire, validate_key, validate_lease, validate_owner_prefix, validate_range,
-    validate_table_name,
+    DEFAULT_TABLE, Durability, LeaseMargin, MAX_LEASE, MIN_LEASE, RetryPolicy,
+    default_owner_prefix, validate_acquire, validate_key, validate_lease, validate_owner_prefix,
+    validate_range, validate_table_name,
 };
 use crate::core::{Core, Listen, Settings};
 use crate::dialect::Backend;
@@ -172,6 +172,8 @@ pub struct LockerBuilder<DB: Backend> {
     /// `None`: not set, the default applies.
     default_lease: Option<Duration>,
     renew_interval: Option<Duration>,
+    /// `None`: the default margin ([`DEFAULT_LEASE_MARGIN`], capped per lease).
+    lease_margin: Option<Duration>,
     auto_renew: bool,
     listen: bool,
     listener_options: Option<ConnectOptions<DB>>,
@@ -244,6 +246,42 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// half the default lease (checked only against a lease you set or the 30 s default).
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
+        self
+    }
+
+    /// The fixed part of every lease's safety margin: how long before the database may
+    /// see a lease expire that this Locker ends it locally (its guards' `lost()` completes,
+    /// `with_lock` drops its work), plus the drift part, `lease / 100`. Default:
+    /// [`DEFAULT_LEASE_MARGIN`](crate::DEFAULT_LEASE_MARGIN) (100 ms), capped at a tenth of each lease. Raise it for
+    /// clients whose tasks may be scheduled late by more than that (a loaded machine, long
+    /// GC-like stalls of the runtime). At most [`MAX_LEASE`]; every lease acquired must
+    /// exceed its margin plus its renew interval ([`Error::InvalidDuration`], nothing
+    /// sent), and so must the [`default_lease`](Self::default_lease) (checked here).
+    /// [`Locker::lease_margin`] says the margin of a given lease.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    /// use dblock::Locker;
+    ///
+    /// let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let default = Locker::new(pool.clone());
+    /// assert_eq!(default.lease_margin(Duration::from_secs(3)), Duration::from_millis(130));
+    /// assert_eq!(default.lease_margin(Duration::from_secs(30)), Duration::from_millis(400));
+    ///
+    /// let wary = Locker::builder(pool.clone()).lease_margin(Duration::from_millis(500)).build()?;
+    /// assert_eq!(wary.lease_margin(Duration::from_secs(30)), Duration::from_millis(800));
+    /// // A 600 ms lease renewed every 200 ms cannot also end 506 ms early.
+    /// let refused = wary.try_acquire("k", Duration::from_millis(600)).await;
+    /// assert!(matches!(refused, Err(dblock::Error::InvalidDuration { .. })));
+    /// // Nor can the default lease, checked when the Locker is built.
+    /// let too_wide = Locker::builder(pool).lease_margin(Duration::from_secs(20)).build();
+    /// assert!(matches!(too_wide, Err(dblock::Error::InvalidConfig(_))));
+    /// # Ok(()) }
+    /// ```
+    pub fn lease_margin(mut self, fixed: Duration) -> Self {
+        self.lease_margin = Some(fixed);
         self
     }
 
@@ -362,6 +400,24 @@ impl<DB: Backend> LockerBuilder<DB> {
                  or a longer default_lease"
             )));
         }
+        if let Some(fixed) = self.lease_margin
+            && fixed > MAX_LEASE
+        {
+            return Err(Error::InvalidDuration {
+                what: "lease margin",
+                value: fixed,
+                reason: format!("must be at most {MAX_LEASE:?}"),
+            });
+        }
+        let margin = LeaseMargin {
+            fixed: self.lease_margin,
+        };
+        let default_renew = self
+            .auto_renew
+            .then(|| renew_interval.min(default_lease / 3));
+        if let Err(err) = margin.check(default_lease, default_renew) {
+            return Err(Error::InvalidConfig(format!("default_lease: {err}")));
+        }
         let table = LockTable::new(self.pool, table, self.retry, self.durability);
         Ok(Locker {
             core: Arc::new(Core::new(Settings {
@@ -375,6 +431,7 @@ impl<DB: Backend> LockerBuilder<DB> {
                 owner_prefix,
                 default_lease,
                 renew_interval,
+                margin,
                 key_label: self.key_label,
             })),
             auto_renew: self.auto_renew,
@@ -449,6 +506,7 @@ impl<DB: Backend> Locker<DB> {
             retry: RetryPolicy::default(),
             default_lease: None,
             renew_interval: None,
+            lease_margin: None,
             auto_renew: true,
             listen: true,
             listener_options: None,
@@ -470,6 +528,24 @@ impl<DB: Backend> Locker<DB> {
     /// The configured default lease ([`DEFAULT_LEASE`] unless the builder changed it).
     pub fn lease(&self) -> Duration {
         self.core.default_lease
+    }
+
+    /// How long before the database may see a lease of `lease` expire that this Locker
+    /// ends it locally: `min(100 ms, lease / 10) + lease / 100` by default (see
+    /// [`LockerBuilder::lease_margin`]). A guard's lease ends locally at the send time of
+    /// the last statement that set its expiry plus `lease - lease_margin(lease)`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    /// let locker = dblock::Locker::new(dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?);
+    /// assert_eq!(locker.lease_margin(Duration::from_secs(10)), Duration::from_millis(200));
+    /// assert_eq!(locker.lease_margin(Duration::from_millis(100)), Duration::from_millis(11));
+    /// # Ok(()) }
+    /// ```
+    pub fn lease_margin(&self, lease: Duration) -> Duration {
+        self.core.margin.of(lease)
     }
 
     /// A clone of this locker whose acquisitions are (or are not) renewed by a watchdog.

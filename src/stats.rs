@@ -60,6 +60,11 @@ pub struct Stats {
     /// Times the release listener connected (PostgreSQL): 1 once it is up, more after
     /// it lost its connection and opened it again.
     pub listener_connects: u64,
+    /// Acquisitions (and handoffs) whose answer came at or after their lease's local
+    /// deadline ([`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin)): no
+    /// guard was made of them, and their rows were released in the background. Each one
+    /// is a sign of a slow or lossy path to the database, or of a stalled client.
+    pub late_answers: u64,
 }
 
 #[derive(Default)]
@@ -76,6 +81,7 @@ pub(crate) struct Counters {
     pub(crate) handoffs: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) listener_connects: AtomicU64,
+    pub(crate) late_answers: AtomicU64,
 }
 
 impl Counters {
@@ -97,6 +103,7 @@ impl Counters {
             handoffs: self.handoffs.load(Relaxed),
             wakeups: self.wakeups.load(Relaxed),
             listener_connects: self.listener_connects.load(Relaxed),
+            late_answers: self.late_answers.load(Relaxed),
         }
     }
 }

@@ -15,6 +15,8 @@
 //! `DBLOCK_TEST_REQUIRE`, that is a failure. Group 11 runs PostgreSQL under Patroni (with
 //! etcd and HAProxy, private processes too); it is named `patroni` there. Group 10 runs a
 //! three-node MariaDB Galera cluster (galera-4, rsync); it is named `galera` there.
+//! Group 12 (`partition`) black-holes holders at random phases of their renewal (200
+//! trials a backend) and holds acquisitions' answers past their leases (issue 42).
 
 use std::error::Error;
 use std::panic::AssertUnwindSafe;
@@ -68,6 +70,10 @@ mod kill;
 mod no_connection;
 #[path = "faults/outage.rs"]
 mod outage;
+#[path = "faults/partition.rs"]
+mod partition;
+#[path = "faults/partition_late.rs"]
+mod partition_late;
 #[path = "faults/patroni.rs"]
 mod patroni;
 #[path = "faults/patroni_config.rs"]
@@ -196,6 +202,7 @@ const SCENARIOS: &[&str] = &[
     primitives::LEADER_PAUSED,
     primitives::LEADER_RESIGNS,
     failover::NAME,
+    partition::NAME,
 ];
 
 async fn run_all(report: &Report, filter: &[String]) {
@@ -314,6 +321,7 @@ async fn track<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Sele
     scenario(ctx, report, selection, abuse::NAME, abuse::run).await;
     primitives::run_all(ctx, report, selection).await;
     failover::run_all(ctx, report, selection).await;
+    partition::run_all(ctx, report, selection).await;
 }
 
 /// Runs one scenario under the time limit, catching panics, and records its row.

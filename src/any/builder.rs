@@ -85,6 +85,7 @@ pub struct AnyLockerBuilder {
     retry: Option<RetryPolicy>,
     default_lease: Option<Duration>,
     renew_interval: Option<Duration>,
+    lease_margin: Option<Duration>,
     auto_renew: Option<bool>,
     listen: Option<bool>,
     fair: Option<bool>,
@@ -100,6 +101,7 @@ impl AnyLockerBuilder {
             retry: None,
             default_lease: None,
             renew_interval: None,
+            lease_margin: None,
             auto_renew: None,
             listen: None,
             fair: None,
@@ -140,6 +142,12 @@ impl AnyLockerBuilder {
     /// [`LockerBuilder::renew_interval`](crate::LockerBuilder::renew_interval).
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
+        self
+    }
+
+    /// [`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin).
+    pub fn lease_margin(mut self, fixed: Duration) -> Self {
+        self.lease_margin = Some(fixed);
         self
     }
 
@@ -235,6 +243,9 @@ impl AnyLockerBuilder {
         }
         if let Some(interval) = self.renew_interval {
             builder = builder.renew_interval(interval);
+        }
+        if let Some(fixed) = self.lease_margin {
+            builder = builder.lease_margin(fixed);
         }
         if let Some(on) = self.auto_renew {
             builder = builder.auto_renew(on);

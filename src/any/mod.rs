@@ -165,6 +165,11 @@ impl AnyLocker {
         dispatch!(self, AnyLocker, locker => locker.lease())
     }
 
+    /// [`Locker::lease_margin`].
+    pub fn lease_margin(&self, lease: Duration) -> Duration {
+        dispatch!(self, AnyLocker, locker => locker.lease_margin(lease))
+    }
+
     /// [`Locker::auto_renew`].
     pub fn auto_renew(&self, on: bool) -> AnyLocker {
         dispatch!(map self, AnyLocker, locker => locker.auto_renew(on))

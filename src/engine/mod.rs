@@ -19,7 +19,8 @@
 //! Every row stays owner- and token-checked. A lease the batch did not renew is lost:
 //! `TakenOver` (another owner or token in the row), `Deleted` (no row) or `Expired`. A
 //! failed statement is retried with the retry policy's backoff until each lease's own
-//! deadline (send time of its last success plus its lease), where that lease is declared
+//! deadline (send time of its last success plus its lease, less its margin: see
+//! [`LeaseMargin`](crate::config::LeaseMargin)), where that lease is declared
 //! `Unreachable`, also while the statement is still in flight (it goes on for the
 //! others, and is abandoned when the last lease of its batch reaches its deadline), so no
 //! loss is reported late.
@@ -64,9 +65,9 @@ use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, watch};
 use tokio::time::{Instant, sleep_until};
 
-use crate::config::RetryPolicy;
+use crate::config::{LeaseMargin, RetryPolicy};
 use crate::dialect::Backend;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::jobs::Jobs;
 use crate::lease::{Lease, Won};
 use crate::metrics::{self, TableMetrics};
@@ -100,6 +101,8 @@ pub(crate) struct Parts<DB: Backend> {
     pub(crate) wakeups: Arc<Wakeups<DB>>,
     /// The Locker's background work, which the engine's task and its clean-ups join.
     pub(crate) jobs: Jobs,
+    /// The Locker's lease margin, for leases the engine itself wins (handoffs).
+    pub(crate) margin: LeaseMargin,
 }
 
 struct EngineState<DB: Backend> {
@@ -110,6 +113,7 @@ struct EngineState<DB: Backend> {
     queues: Arc<LocalQueues>,
     wakeups: Arc<Wakeups<DB>>,
     jobs: Jobs,
+    margin: LeaseMargin,
     state: Mutex<Schedule>,
     /// Wakes the engine's task when a lease is due before its planned wake-up.
     wake: Notify,
@@ -163,6 +167,7 @@ impl<DB: Backend> Engine<DB> {
                 queues: parts.queues,
                 wakeups: parts.wakeups,
                 jobs: parts.jobs,
+                margin: parts.margin,
                 state: Mutex::new(Schedule {
                     leases: foldhash::HashMap::default(),
                     next_id: 1,
@@ -252,11 +257,25 @@ impl<DB: Backend> Engine<DB> {
         lease: &Lease,
         length: Duration,
     ) -> Result<Option<DateTime<Utc>>> {
+        // A loss is never taken back: a lease past its deadline is not extended (its row
+        // may be someone else's by now, or soon: not held, nothing sent), and one whose
+        // answer comes back after the deadline it would have set is lost (its holder
+        // could not have acted on it in time).
+        let lost = |reason| Error::LockLost {
+            key: lease.key.clone(),
+            reason,
+        };
+        if lease.lost_reason().is_some() {
+            return Ok(None);
+        }
         let sent_at = Instant::now();
         let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
         if let Some(expires_at) = expiry {
             metrics::renewals(&self.inner.metrics, 1);
             let due = lease.renewed(expires_at, sent_at, length);
+            if let Some(reason) = lease.lost_reason() {
+                return Err(lost(reason));
+            }
             // A shorter lease may be due before the engine's planned wake-up.
             if lease.interval.is_some() {
                 self.wake_by(due);

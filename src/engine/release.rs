@@ -86,7 +86,7 @@ impl<DB: Backend> Engine<DB> {
                     Ok(HandOff::To(won)) => {
                         Counters::bump(&engine.inner.counters.acquired);
                         Counters::bump(&engine.inner.counters.handoffs);
-                        let lease = engine.start_lease(Won {
+                        let won = Won {
                             key: key.clone(),
                             owner: offer.owner.clone(),
                             fencing_token: won.fencing_token,
@@ -94,8 +94,23 @@ impl<DB: Backend> Engine<DB> {
                             length: terms.lease,
                             interval: terms.renew,
                             sent_at,
-                        });
-                        tracing::debug!(key, owner = %offer.owner, fencing_token = won.fencing_token, "lock handed to the next waiter");
+                            margin: engine.inner.margin,
+                        };
+                        if Instant::now() >= won.deadline() {
+                            // Answered after the handed lease's own deadline: the waiter
+                            // could not act on it. It is told nothing was handed (it
+                            // attempts on its own, with a new owner value) and the row goes.
+                            drop(handed);
+                            Counters::bump(&engine.inner.counters.late_answers);
+                            let inner = Arc::clone(&engine.inner);
+                            let until = sent_at + terms.lease;
+                            engine.inner.jobs.spawn(async move {
+                                inner.remove_handed_row(&won.key, &won.owner, until).await;
+                            });
+                            return outcome;
+                        }
+                        let lease = engine.start_lease(won);
+                        tracing::debug!(key, owner = %offer.owner, fencing_token = lease.fencing_token, "lock handed to the next waiter");
                         // The waiter went away meanwhile (cancelled, timed out): nobody
                         // holds the row, it goes as a dropped guard's does.
                         if let Err(lease) = handed.send(lease) {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dblock::{Error, Locker, MAX_LEASE, MAX_WAIT, MIN_LEASE};
+use dblock::{Error, Locker, LostReason, MAX_LEASE, MAX_WAIT, MIN_LEASE};
 
 use super::LONG;
 use crate::common::{TestBackend, TestDb};
@@ -135,7 +135,16 @@ pub async fn bad_inputs_are_rejected_before_writing<DB: TestBackend>() {
         ("min".to_owned(), MIN_LEASE, WAIT),
     ];
     for (key, lease, wait) in &at_limits {
-        let guard = locker.acquire(key, *lease, *wait).await.expect(key);
+        let guard = match locker.acquire(key, *lease, *wait).await {
+            Ok(guard) => guard,
+            // A 1 ms lease is accepted as input, but its answer may well come after its
+            // local deadline: then no guard is made of it.
+            Err(Error::LockLost {
+                reason: LostReason::Expired,
+                ..
+            }) if *lease == MIN_LEASE => continue,
+            Err(err) => panic!("{key}: {err}"),
+        };
         assert_eq!(guard.key(), key);
         guard.release().await.ok(); // MIN_LEASE may already have run out: NotHeld is fine.
     }

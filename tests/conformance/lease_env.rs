@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dblock::Locker;
+use dblock::{Locker, LockerBuilder};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use sqlx::{MySql, Pool, Postgres, Sqlite};
@@ -118,6 +118,15 @@ impl<DB: Outage> LeaseEnv<DB> {
     /// The renewing locker (renews every `min(10 s, lease / 3)`).
     pub fn locker(&self) -> &Locker<DB> {
         &self.locker
+    }
+
+    /// A renewing locker on the faulty pool, with `options` applied to its builder.
+    pub fn faulty_locker(
+        &self,
+        options: impl FnOnce(LockerBuilder<DB>) -> LockerBuilder<DB>,
+    ) -> Locker<DB> {
+        let builder = Locker::builder(self.locker.pool().clone()).table(&self.db.table);
+        options(builder).build().expect("valid options")
     }
 
     /// Another locker on the same table, through a pool of its own.

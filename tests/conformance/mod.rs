@@ -13,6 +13,7 @@ mod interop;
 mod jobs;
 mod lease;
 pub mod lease_env;
+mod margin;
 mod migrate;
 mod ownership;
 mod primitives;
@@ -36,6 +37,7 @@ pub use inputs::*;
 pub use interop::*;
 pub use jobs::*;
 pub use lease::*;
+pub use margin::*;
 pub use migrate::*;
 pub use ownership::*;
 pub use primitives::*;
@@ -134,6 +136,8 @@ macro_rules! conformance_suite {
             any_locker_times_out,
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
+            a_lease_ends_locally_before_the_database_sees_it_expire,
+            an_answer_after_the_deadline_makes_no_guard,
             one_stuck_fenced_transaction_costs_one_lease,
             a_hammered_key_stays_renewed,
         );

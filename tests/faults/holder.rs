@@ -61,6 +61,9 @@ pub struct Spec {
     /// .lock_at_least_for(this)`, whose work only prints `ACQUIRED`; then `RELEASED ok`
     /// (or `BUSY`) and exit.
     pub job_min_hold: Option<Duration>,
+    /// Run partition_late.rs's frozen-after-sending holder instead, in this mode
+    /// (`try` or `with`): it says `READY`, acquires on `go` and prints `RESULT ..`.
+    pub late: Option<&'static str>,
 }
 
 impl Spec {
@@ -73,6 +76,7 @@ impl Spec {
             wait: Duration::ZERO,
             skew: None,
             job_min_hold: None,
+            late: None,
         }
     }
 }
@@ -143,10 +147,11 @@ impl HolderProc {
             .arg(&spec.url)
             .arg(&spec.key)
             .arg(spec.lease.as_millis().to_string())
-            .arg(match (spec.job_min_hold, spec.renew) {
-                (Some(min_hold), _) => format!("job{}", min_hold.as_millis()),
-                (None, true) => "renew".to_owned(),
-                (None, false) => "no-renew".to_owned(),
+            .arg(match (spec.late, spec.job_min_hold, spec.renew) {
+                (Some(mode), _, _) => format!("late-{mode}"),
+                (None, Some(min_hold), _) => format!("job{}", min_hold.as_millis()),
+                (None, None, true) => "renew".to_owned(),
+                (None, None, false) => "no-renew".to_owned(),
             })
             .arg(spec.wait.as_millis().to_string())
             .stdin(Stdio::piped())
@@ -273,6 +278,11 @@ impl HolderProc {
         Err("no renewal of the holder was read soon enough to pause it between two".into())
     }
 
+    /// SIGSTOPs the holder wherever it is.
+    pub fn stop(&self) {
+        signal(self.pid, Signal::SIGSTOP);
+    }
+
     pub fn resume(&self) {
         signal(self.pid, Signal::SIGCONT);
     }
@@ -287,7 +297,7 @@ impl HolderProc {
 
 // ---- the holder process itself ------------------------------------------------------
 
-/// Entry point of a holder process: `<url> <key> <lease ms> renew|no-renew|job<ms> <wait ms>`.
+/// Entry point of a holder process: `<url> <key> <lease ms> renew|no-renew|job<ms>|late-<mode> <wait ms>`.
 pub fn child_main() -> ExitCode {
     crate::standalone::child_main(async |args: Vec<String>| -> Res<()> {
         let url = args.first().ok_or("no URL")?;
@@ -307,6 +317,9 @@ async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {
     let lease = Duration::from_millis(lease.parse()?);
     let wait = Duration::from_millis(wait.parse()?);
     println!("CLOCK {}", wall_micros());
+    if let Some(mode) = renew.strip_prefix("late-") {
+        return crate::partition_late::child::<DB>(url, key, lease, mode).await;
+    }
     let pool = PoolOptions::<DB>::new()
         .max_connections(2)
         .connect(url)

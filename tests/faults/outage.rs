@@ -103,12 +103,19 @@ pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection:
 /// connection, which has prepared every lock statement already (so what the proxy holds
 /// is the statement's execution, not its preparation), and the engine's own connection,
 /// open and renewing.
-async fn proxied<DB: FaultDb>(ctx: &Ctx<DB>) -> Res<(Proxy, Locker<DB>)> {
+pub async fn proxied<DB: FaultDb>(ctx: &Ctx<DB>) -> Res<(Proxy, Locker<DB>)> {
     let proxy = Proxy::start(upstream_of(&ctx.url)).await;
+    let locker = warmed_up(&via_proxy(&ctx.url, proxy.addr())).await?;
+    Ok((proxy, locker))
+}
+
+/// A locker on `url` set up as [`proxied`] says (a holder process of partition_late.rs
+/// uses it on its own proxy's URL).
+pub async fn warmed_up<DB: FaultDb>(url: &str) -> Res<Locker<DB>> {
     let pool = PoolOptions::<DB>::new()
         .max_connections(1)
         .test_before_acquire(false)
-        .connect(&via_proxy(&ctx.url, proxy.addr()))
+        .connect(url)
         .await?;
     let locker = Locker::new(pool);
     // First the engine's connection (it may take the pool's idle one, and the pool opens
@@ -137,7 +144,7 @@ async fn proxied<DB: FaultDb>(ctx: &Ctx<DB>) -> Res<(Proxy, Locker<DB>)> {
         Ok(pool.size() == 1 && pool.num_idle() == 1)
     })
     .await?;
-    Ok((proxy, locker))
+    Ok(locker)
 }
 
 /// The typed error a cut must produce: anything else (success, NotHeld, a panic) fails.
