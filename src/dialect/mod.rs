@@ -84,13 +84,15 @@ pub enum RenewWait {
     Skip,
     /// At most 100 ms (per lock on PostgreSQL, `lock_timeout`; for the whole statement on
     /// MariaDB, `max_statement_time`; one second on MySQL 8, whose lock waits are whole
-    /// seconds: `innodb_lock_wait_timeout`, at least 1); when that runs
-    /// out the statement renews nothing and the batch's live rows come back `busy`. For a
-    /// lease that was busy: a rival's acquisition attempt locks a held row for the length
-    /// of its commit, and under a stream of them a row that is skipped whenever it is
-    /// locked is seldom found free (39 of 100 tries on PostgreSQL with 8 clients hammering
-    /// the key), while one that waits briefly gets its turn.
-    Briefly,
+    /// seconds: `innodb_lock_wait_timeout`, at least 1); when that runs out the statement
+    /// renews nothing and the batch's live rows come back `busy`. A row is renewed only if
+    /// its lock came within the given time of the statement's start (database clock), so
+    /// that no renewal lands after the lease's own deadline, when its holder has been told
+    /// it is lost. For a lease that was busy: a rival's acquisition attempt locks a held
+    /// row for the length of its commit, and under a stream of them a row that is skipped
+    /// whenever it is locked is seldom found free (39 of 100 tries on PostgreSQL with 8
+    /// clients hammering the key), while one that waits briefly gets its turn.
+    Briefly(Duration),
 }
 
 /// How an error from a lock-table statement is to be read.

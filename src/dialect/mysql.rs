@@ -17,6 +17,8 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
+use crate::config::micros;
+
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed, LockId,
     LockSql, MigrateSql, NotifySql, ReleasedRow, RenewWait, Renewal, RowState, RowWait, Sql,
@@ -129,12 +131,16 @@ UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON
 // holder of the lock ended (the fenced session ended by its idle timeout) renewed a
 // lease that had run out while it waited; SYSDATE(6) is read when the row is checked,
 // after the wait. (Statement-based replication cannot replay SYSDATE: MIXED logs this
-// statement by row.) Its answer is read back, not taken from the OK packet.
+// statement by row.) Only a lock obtained within the second parameter's microseconds of
+// the statement's start counts: what the lease has left before its deadline, at most
+// the wait (a renewal landing after the holder was told the lease is lost would keep the
+// key from everyone). Its answer is read back, not taken from the OK packet.
 const RENEW_WAITING: &str = "\
 /*M! SET STATEMENT max_statement_time = 0.1 FOR */
 UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON t.lock_key = w.k
    SET t.expire_time = SYSDATE(6) + INTERVAL w.micros MICROSECOND
- WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > SYSDATE(6)";
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > SYSDATE(6)
+   AND SYSDATE(6) < NOW(6) + INTERVAL ? MICROSECOND";
 
 // The batch's rows that are still ours, live, and not locked by anyone else right now.
 // Outside a transaction: the locks it takes go at its end, so nothing is held between
@@ -279,12 +285,13 @@ async fn update_batch(
     conn: &mut MySqlConnection,
     statement: &Sql,
     json: &str,
+    budget_micros: Option<i64>,
 ) -> Result<Option<sqlx::mysql::MySqlQueryResult>, sqlx::Error> {
-    match sqlx::query(audited(statement))
-        .bind(json)
-        .execute(conn)
-        .await
-    {
+    let mut update = sqlx::query(audited(statement)).bind(json);
+    if let Some(budget) = budget_micros {
+        update = update.bind(budget);
+    }
+    match update.execute(conn).await {
         Ok(done) => Ok(Some(done)),
         Err(err)
             if MySql::is_row_locked(&err) || error_number(&err) == Some(ER_STATEMENT_TIMEOUT) =>
@@ -318,7 +325,7 @@ async fn renew_free<'a>(
         return Ok(HashSet::new());
     }
     let json = batch_json(&subset, serde_json::Value::from);
-    Ok(match update_batch(conn, &sql.renew, &json).await? {
+    Ok(match update_batch(conn, &sql.renew, &json, None).await? {
         Some(_) => subset.iter().map(|r| r.id.key).collect(),
         None => HashSet::new(),
     })
@@ -494,14 +501,14 @@ impl LockSql for MySql {
         wait: RenewWait,
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let json = batch_json(batch, serde_json::Value::from);
-        let statement = match wait {
-            RenewWait::Skip => &sql.renew,
-            RenewWait::Briefly => &sql.renew_waiting,
+        let (statement, budget) = match wait {
+            RenewWait::Skip => (&sql.renew, None),
+            RenewWait::Briefly(budget) => (&sql.renew_waiting, Some(micros(budget))),
         };
         // The keys of the leases the successful UPDATE was asked to renew: every one of
         // them that is ours and live afterwards was renewed by it (nothing else makes an
         // expired row live for that owner).
-        let asked: HashSet<&str> = match update_batch(conn, statement, &json).await? {
+        let asked: HashSet<&str> = match update_batch(conn, statement, &json, budget).await? {
             // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
             // the batch was renewed when it equals the batch's size.
             Some(done) if wait == RenewWait::Skip && done.rows_affected() == batch.len() as u64 => {
@@ -524,7 +531,7 @@ impl LockSql for MySql {
             Some(_) => batch.iter().map(|r| r.id.key).collect(),
             // A row was locked, and nothing renewed: waiting briefly, that is the answer;
             // skipping, the rows free now are renewed alone.
-            None if wait == RenewWait::Briefly => HashSet::new(),
+            None if budget.is_some() => HashSet::new(),
             None => renew_free(conn, sql, batch).await?,
         };
         let rows: Vec<BatchRow> = sqlx::query_as(audited(&sql.read_batch))

@@ -8,6 +8,8 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
+
+use crate::config::micros as config_micros;
 use sqlx::{PgConnection, Postgres};
 
 use super::{
@@ -185,14 +187,23 @@ RETURNING t.lock_key::text, t.lock_value::text, t.fencing_token, t.expire_time";
 // clock of that moment: an UPDATE that waits for a row checks its conditions (and
 // computes its SET) before the wait, and when the holder of the lock ends without
 // changing the row (the fenced session ended by its idle timeout), it then renewed a
-// lease that had run out meanwhile (seen in the stuck-fence conformance case).
+// lease that had run out meanwhile (seen in the stuck-fence conformance case). And only
+// a lock obtained within $5 microseconds of the statement's start counts (the engine
+// passes what the lease has left before its deadline, at most the wait): a renewal
+// landing after the holder was told the lease is lost would keep the key from everyone.
 fn renew_waiting() -> String {
-    let waiting = RENEW.replacen(
-        "FOR NO KEY UPDATE OF f SKIP LOCKED",
-        "AND (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL\n           FOR NO KEY UPDATE OF f",
-        1,
-    );
-    debug_assert_ne!(waiting, RENEW);
+    let waiting = RENEW
+        .replacen(
+            "FOR NO KEY UPDATE OF f SKIP LOCKED",
+            "AND (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL\n           FOR NO KEY UPDATE OF f",
+            1,
+        )
+        .replacen(
+            "\n   AND t.expire_time > clock_timestamp()\n",
+            "\n   AND t.expire_time > clock_timestamp()\n   AND clock_timestamp() < statement_timestamp() + $5::bigint * INTERVAL '1 microsecond'\n",
+            1,
+        );
+    debug_assert!(!waiting.contains("SKIP LOCKED") && waiting.contains("$5"));
     waiting
 }
 
@@ -391,18 +402,19 @@ impl LockSql for Postgres {
         let owners: Vec<&str> = batch.iter().map(|r| r.id.owner).collect();
         let tokens: Vec<i64> = batch.iter().map(|r| r.id.fencing_token).collect();
         let micros: Vec<i64> = batch.iter().map(|r| r.lease_micros).collect();
-        let statement = match wait {
-            RenewWait::Skip => &sql.renew,
-            RenewWait::Briefly => &sql.renew_waiting,
+        let (statement, budget) = match wait {
+            RenewWait::Skip => (&sql.renew, None),
+            RenewWait::Briefly(budget) => (&sql.renew_waiting, Some(config_micros(budget))),
         };
-        let renewed: Vec<RenewedRow> = match sqlx::query_as(audited(statement))
+        let mut renewal = sqlx::query_as(audited(statement))
             .bind(keys)
             .bind(owners)
             .bind(tokens)
-            .bind(micros)
-            .fetch_all(&mut *conn)
-            .await
-        {
+            .bind(micros);
+        if let Some(budget) = budget {
+            renewal = renewal.bind(budget);
+        }
+        let renewed: Vec<RenewedRow> = match renewal.fetch_all(&mut *conn).await {
             Ok(renewed) => renewed,
             // The wait ran out: nothing was renewed, and the read-back says which rows
             // are still ours and live (busy).
@@ -724,6 +736,7 @@ mod tests {
     fn the_waiting_renewal_is_the_renewal_with_a_bounded_wait() {
         let waiting = renew_waiting();
         assert!(!waiting.contains("SKIP LOCKED"), "{waiting}");
+        assert!(waiting.contains("statement_timestamp() + $5"), "{waiting}");
         let bound = waiting.find("'lock_timeout'").expect("the bound is set");
         let lock = waiting
             .find("FOR NO KEY UPDATE")

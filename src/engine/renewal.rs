@@ -34,6 +34,10 @@ enum Verdict {
     Lost(LostReason),
 }
 
+/// How long a busy lease's retry waits for its row at most (the dialects' SQL spells the
+/// same bound: `lock_timeout`, `max_statement_time`).
+const BUSY_WAIT: Duration = Duration::from_millis(100);
+
 /// The leases whose row another transaction held locked at their last renewal, each with
 /// its delays (the retry policy's backoff, from the first busy answer on).
 pub(super) type BusyLeases = Mutex<HashMap<u64, RetryDelays>>;
@@ -105,10 +109,16 @@ impl<DB: Backend> EngineState<DB> {
             self.renew_batch(&fresh, RenewWait::Skip, backoff).await;
         }
         // One at a time: a row that stays locked costs the wait to its own lease's
-        // statement only, never to another busy lease's.
+        // statement only, never to another busy lease's. The wait never reaches past the
+        // lease's deadline (a lease past it is left to the next pass, which ends it).
         for lease in &retries {
-            self.renew_batch(std::slice::from_ref(lease), RenewWait::Briefly, backoff)
-                .await;
+            let left = lease.deadline().saturating_duration_since(Instant::now());
+            let budget = left.min(BUSY_WAIT);
+            if !budget.is_zero() {
+                let wait = RenewWait::Briefly(budget);
+                self.renew_batch(std::slice::from_ref(lease), wait, backoff)
+                    .await;
+            }
         }
         self.forget_gone_busy();
     }
