@@ -18,18 +18,13 @@ use futures::future::BoxFuture;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
-use crate::measure::{BoxError, Contender};
+use crate::measure::{BoxError, Contender, new_owner};
 
 /// The lease every uncontended cycle asks for (dblock's default lease).
 pub const LEASE: Duration = dblock::DEFAULT_LEASE;
 
 fn lease_micros(lease: Duration) -> i64 {
     i64::try_from(lease.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A fresh owner value, made as dblock makes its own (32 hex digits of a v4 UUID).
-pub fn new_owner() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }
 
 // PostgreSQL, from src/dialect/postgres.rs.
