@@ -209,27 +209,45 @@ fn circle_from(graph: &Graph, start: &str) -> Option<Vec<String>> {
     walk(graph, start, &mut path, &mut seen).then_some(path)
 }
 
-#[test]
-fn every_module_has_a_layer() {
-    let unplaced = unplaced(&import_graph(), LAYERS);
+/// Fails unless `layers` places every module of `graph`; `list` names where they are
+/// listed.
+fn assert_placed(graph: &Graph, layers: &Layers, list: &str) {
+    let unplaced = unplaced(graph, layers);
     assert!(
         unplaced.is_empty(),
-        "modules missing from LAYERS (tests/architecture.rs) and docs/architecture.md: {unplaced:?}"
+        "modules missing from {list}: {unplaced:?}"
+    );
+}
+
+/// Prints `graph` (seen with `--nocapture`), then fails on any upward import.
+fn assert_no_upward_import(graph: &Graph, layers: &Layers) {
+    print_graph(graph);
+    let upward = upward_imports(graph, layers);
+    assert!(upward.is_empty(), "upward imports: {upward:#?}");
+}
+
+fn assert_no_circle(graph: &Graph) {
+    let circles = circles(graph);
+    assert!(circles.is_empty(), "import circles: {circles:#?}");
+}
+
+#[test]
+fn every_module_has_a_layer() {
+    assert_placed(
+        &import_graph(),
+        LAYERS,
+        "LAYERS (tests/architecture.rs) and docs/architecture.md",
     );
 }
 
 #[test]
 fn no_module_imports_from_a_layer_above_it() {
-    let graph = import_graph();
-    print_graph(&graph);
-    let upward = upward_imports(&graph, LAYERS);
-    assert!(upward.is_empty(), "upward imports: {upward:#?}");
+    assert_no_upward_import(&import_graph(), LAYERS);
 }
 
 #[test]
 fn no_import_circles() {
-    let circles = circles(&import_graph());
-    assert!(circles.is_empty(), "import circles: {circles:#?}");
+    assert_no_circle(&import_graph());
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use super::{Graph, circles, print_graph, unplaced, upward_imports};
+use super::{Graph, assert_no_circle, assert_no_upward_import, assert_placed};
 
 /// The bench's layers, top to bottom; `main` is the crate root (main.rs). A module may
 /// import from its own layer (without a circle) and from any layer below it.
@@ -324,31 +324,21 @@ fn bench_graph() -> Graph {
 
 #[test]
 fn every_bench_module_has_a_layer() {
-    let unplaced = unplaced(&bench_graph(), BENCH_LAYERS);
-    assert!(
-        unplaced.is_empty(),
-        "bench modules missing from BENCH_LAYERS (tests/architecture.rs): {unplaced:?}"
+    assert_placed(
+        &bench_graph(),
+        BENCH_LAYERS,
+        "BENCH_LAYERS (tests/architecture/bench.rs)",
     );
 }
 
 #[test]
 fn no_bench_module_imports_from_a_layer_above_it() {
-    let graph = bench_graph();
-    print_graph(&graph);
-    let upward = upward_imports(&graph, BENCH_LAYERS);
-    assert!(
-        upward.is_empty(),
-        "upward imports in the bench: {upward:#?}"
-    );
+    assert_no_upward_import(&bench_graph(), BENCH_LAYERS);
 }
 
 #[test]
 fn no_import_circles_in_the_bench() {
-    let circles = circles(&bench_graph());
-    assert!(
-        circles.is_empty(),
-        "import circles in the bench: {circles:#?}"
-    );
+    assert_no_circle(&bench_graph());
 }
 
 #[test]
