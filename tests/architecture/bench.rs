@@ -61,6 +61,8 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
         &[
             "contenders",
             "handwritten",
+            "handwritten::floor",
+            "handwritten::seeds",
             "servers",
             "servers::mysql",
             "servers::postgres",

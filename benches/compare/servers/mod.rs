@@ -97,7 +97,7 @@ pub trait BenchDb: Backend {
     /// The same statements dblock sends, hand-written, on `table`.
     fn hand(pool: &Pool<Self>, table: &str) -> Arc<dyn HandLock>;
 
-    /// The floor of two-statement locks ([`Floor`](crate::handwritten::Floor)) on `pool`.
+    /// The floor of two-statement locks ([`Floor`](crate::handwritten::floor::Floor)) on `pool`.
     fn floor(pool: &Pool<Self>) -> Arc<dyn HandLock>;
 
     /// A Locker on a fresh relaxed (`UNLOGGED`) lock table `table`, where the backend has

@@ -8,7 +8,9 @@ use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{AssertSqlSafe, Connection as _, MySql, MySqlConnection, MySqlPool};
 
 use super::{BenchDb, QueueSession, Server, Statement, pool_settings};
-use crate::handwritten::{Floor, HandLock, MyHand, MySeed};
+use crate::handwritten::floor::Floor;
+use crate::handwritten::seeds::MySeed;
+use crate::handwritten::{HandLock, MyHand};
 
 /// Connects to the MariaDB / MySQL server at `url`.
 pub async fn connect(url: &str) -> Result<Server<MySql>, sqlx::Error> {

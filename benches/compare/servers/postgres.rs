@@ -10,7 +10,9 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool, Postgres};
 
 use super::{BenchDb, DEDICATED_APP, QueueSession, Server, Statement, pool_settings};
-use crate::handwritten::{Floor, HandLock, PgHand, PgSeed};
+use crate::handwritten::floor::Floor;
+use crate::handwritten::seeds::PgSeed;
+use crate::handwritten::{HandLock, PgHand};
 
 /// Connects to the PostgreSQL server at `url`.
 pub async fn connect(url: &str) -> Result<Server<Postgres>, sqlx::Error> {
