@@ -37,7 +37,10 @@ pub enum LostReason {
     /// force-released by an operator, deleted by hand, or reaped.
     Deleted,
     /// The database could not be reached until the lease's own deadline passed: the
-    /// renewal got no answer (or an I/O error).
+    /// renewal got no answer (or an I/O error), or the lease's row stayed locked by
+    /// another transaction (a fenced transaction that did not end: see
+    /// [`LockGuard::assert_held`](crate::LockGuard::assert_held)), which renewal skips
+    /// rather than wait on.
     Unreachable,
     /// The database answered, but refused the lease engine a connection until the
     /// lease's deadline passed (for example: its connection limit was reached). The

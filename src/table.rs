@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
     Acquired, Backend, Contention, HandOff, Inspected, ListQuery, Listed, ListenerOptions, LockId,
-    ReleasedRow, Releases, Renewal, RowState, WriteGate,
+    ReleasedRow, Releases, RenewWait, Renewal, RowState, WriteGate,
 };
 use crate::error::{Error, PoolTimeoutCause, Result};
 use crate::retry::{Retry, retry, timed_out};
@@ -797,13 +797,18 @@ impl<DB: Backend> LockTable<DB> {
         .await
     }
 
-    /// Renews a batch in chunks of [`RENEW_CHUNK`], on the engine's connection; returns
-    /// the state of every row of the batch's keys that exists.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<RowState>> {
+    /// Renews a batch in chunks of [`RENEW_CHUNK`], on the engine's connection, waiting
+    /// for rows locked by other transactions as `wait` says; returns the state of every
+    /// row of the batch's keys that exists.
+    pub(crate) async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        wait: RenewWait,
+    ) -> Result<Vec<RowState>> {
         let mut rows = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(RENEW_CHUNK) {
             let renewed: Result<_, sqlx::Error> =
-                on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk));
+                on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk, wait));
             rows.extend(renewed.map_err(|err| self.error_from(err))?);
         }
         Ok(rows)

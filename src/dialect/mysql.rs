@@ -11,14 +11,19 @@
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
 //! in the OK packet: one statement, and the database's own arithmetic.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
+use crate::config::micros;
+
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed, LockId,
-    LockSql, MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql, TicketSql, TxSql,
-    audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after, sql,
+    LockSql, MigrateSql, NotifySql, ReleasedRow, RenewWait, Renewal, RowState, RowWait, Sql,
+    TicketSql, TxSql, audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after,
+    sql,
 };
 
 statements! { batch_sql;
@@ -28,6 +33,8 @@ statements! { batch_sql;
     release_live: RELEASE_LIVE,
     read_release_batch: READ_RELEASE_BATCH,
     read_batch: READ_BATCH,
+    renew_waiting: RENEW_WAITING,
+    probe_batch: PROBE_BATCH,
     live_tickets: LIVE_TICKETS,
 }
 
@@ -132,16 +139,57 @@ const BATCH: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
 // renewed row ends at NOW(6) + its lease: the second assignment changes nothing and only
 // hands NOW(6) (microseconds since the epoch, session time zone UTC as sqlx sets it) to
 // the OK packet, as EXTEND does. When fewer rows matched than the batch asked for, a read
-// of the batch's rows follows on the same connection, in which a row that is still the
-// batch owner's and unexpired is one this UPDATE renewed (nothing else can make an
-// expired row live for that owner).
+// of the batch's rows follows on the same connection (READ_BATCH).
+//
+// It never waits for a row lock (RenewWait::Skip): a row another transaction holds (a
+// fenced transaction's `LOCK IN SHARE MODE`, kept for hours when its connection went
+// half-open) would hold up every lease of the batch, and the abandoned statement would
+// keep the rows it had updated locked on the server. UPDATE has no SKIP LOCKED, and a
+// locking derived table does not help (MariaDB 10.11 still waited on the locked row,
+// for an UPDATE joined with `(SELECT .. FOR UPDATE SKIP LOCKED)`), so the statement
+// fails at once instead: MariaDB waits `innodb_lock_wait_timeout = 0` (error 1205, the
+// statement rolled back, its locks given back); then the rows that can be locked now
+// are found (PROBE_BATCH) and renewed alone. MySQL 8 ignores the `/*M! .. */` text and
+// reads the hint instead: its lock waits are whole seconds, one at least. A multi-
+// statement transaction (lock, then update, then commit) was not taken: a connection
+// cut between its statements would leave the locks on the server until it noticed.
 const RENEW: &str = "\
-UPDATE {batch} JOIN {table} AS t ON t.lock_key = w.k
+/*M! SET STATEMENT innodb_lock_wait_timeout = 0 FOR */
+UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON t.lock_key = w.k
    SET t.expire_time = NOW(6) + INTERVAL w.micros MICROSECOND,
        t.acquired_at = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', NOW(6))) > 0,
                           t.acquired_at, t.acquired_at)
  WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)";
 
+// RENEW for leases that were busy (RenewWait::Briefly): it may wait for a row lock, as
+// long as MariaDB's `max_statement_time` (100 ms; error 1969 after it, the statement
+// rolled back). Its batches are one lease each, so that bounds the wait. SYSDATE(6), not
+// NOW(6): NOW(6) is the statement's start, and an UPDATE that got its row after the
+// holder of the lock ended (the fenced session ended by its idle timeout) renewed a
+// lease that had run out while it waited; SYSDATE(6) is read when the row is checked,
+// after the wait. (Statement-based replication cannot replay SYSDATE: MIXED logs this
+// statement by row.) Only a lock obtained within the second parameter's microseconds of
+// the statement's start counts: what the lease has left before its deadline, at most
+// the wait (a renewal landing after the holder was told the lease is lost would keep the
+// key from everyone). Its answer is read back, not taken from the OK packet.
+const RENEW_WAITING: &str = "\
+/*M! SET STATEMENT max_statement_time = 0.1 FOR */
+UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON t.lock_key = w.k
+   SET t.expire_time = SYSDATE(6) + INTERVAL w.micros MICROSECOND
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > SYSDATE(6)
+   AND SYSDATE(6) < NOW(6) + INTERVAL ? MICROSECOND";
+
+// The batch's rows that are still ours, live, and not locked by anyone else right now.
+// Outside a transaction: the locks it takes go at its end, so nothing is held between
+// statements; a row locked by someone in between makes the renewal of that subset fail
+// at once as above (its leases are busy this time).
+const PROBE_BATCH: &str = "\
+SELECT t.lock_key FROM {batch} JOIN {table} AS t ON t.lock_key = w.k
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)
+   FOR UPDATE SKIP LOCKED";
+
+// Each row of the batch's keys, with whether it is the asking lease's and live (1 or 0).
+// A plain read: it waits for no lock.
 const READ_BATCH: &str = "\
 SELECT t.lock_key, t.lock_value, t.fencing_token, t.expire_time,
        CAST(t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6) AS SIGNED)
@@ -250,6 +298,8 @@ const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_STATEMENT_TIMEOUT: u16 = 1969;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_LOCK_NOWAIT: u16 = 3572;
+/// MariaDB: `max_statement_time` ran out (the statement was rolled back).
+const ER_STATEMENT_TIMEOUT: u16 = 1969;
 /// ER_CHECKREAD, "Record has changed since last read": MariaDB 11.6+ (where
 /// `innodb_snapshot_isolation` is on by default) refuses a locking read or write in a
 /// REPEATABLE READ transaction of a row changed since its snapshot, and rolls the whole
@@ -265,8 +315,61 @@ fn error_number(err: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// A row of the batch read-back: key bytes, owner, token, expiry, renewed (0 or 1).
+/// A row of the batch read-back: key bytes, owner, token, expiry, the asking lease's and
+/// live (0 or 1).
 type BatchRow = (Vec<u8>, String, i64, DateTime<Utc>, i64);
+
+/// Sends a renewal UPDATE for the batch `json`; `None` when a row lock stopped it (it then
+/// changed nothing and holds nothing: the statement was rolled back).
+async fn update_batch(
+    conn: &mut MySqlConnection,
+    statement: &Sql,
+    json: &str,
+    budget_micros: Option<i64>,
+) -> Result<Option<sqlx::mysql::MySqlQueryResult>, sqlx::Error> {
+    let mut update = sqlx::query(audited(statement)).bind(json);
+    if let Some(budget) = budget_micros {
+        update = update.bind(budget);
+    }
+    match update.execute(conn).await {
+        Ok(done) => Ok(Some(done)),
+        Err(err)
+            if MySql::is_row_locked(&err) || error_number(&err) == Some(ER_STATEMENT_TIMEOUT) =>
+        {
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// After RENEW met a locked row: renews the leases of `batch` whose rows can be locked
+/// now, without waiting; the keys it asked for (none, if another row was locked in
+/// between: those leases are busy this time).
+async fn renew_free<'a>(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    batch: &[Renewal<'a>],
+) -> Result<HashSet<&'a str>, sqlx::Error> {
+    let json = batch_json(batch, serde_json::Value::from);
+    let free: Vec<Vec<u8>> = sqlx::query_scalar(audited(&sql.probe_batch))
+        .bind(&json)
+        .fetch_all(&mut *conn)
+        .await?;
+    let free: HashSet<&[u8]> = free.iter().map(Vec::as_slice).collect();
+    let subset: Vec<Renewal<'a>> = batch
+        .iter()
+        .filter(|r| free.contains(r.id.key.as_bytes()))
+        .copied()
+        .collect();
+    if subset.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let json = batch_json(&subset, serde_json::Value::from);
+    Ok(match update_batch(conn, &sql.renew, &json, None).await? {
+        Some(_) => subset.iter().map(|r| r.id.key).collect(),
+        None => HashSet::new(),
+    })
+}
 
 /// Splices the table name, and the batch's `JSON_TABLE` where a statement takes one.
 fn batch_sql(template: &str, table: &str) -> Sql {
@@ -465,38 +568,56 @@ impl LockSql for MySql {
         conn: &mut MySqlConnection,
         sql: &Statements,
         batch: &[Renewal<'_>],
+        wait: RenewWait,
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let json = batch_json(batch, serde_json::Value::from);
-        let done = sqlx::query(audited(&sql.renew))
-            .bind(&json)
-            .execute(&mut *conn)
-            .await?;
-        // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
-        // the batch was renewed when it equals the batch's size.
-        if done.rows_affected() == batch.len() as u64 {
-            let now = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
-            return Ok(batch
-                .iter()
-                .map(|r| RowState {
-                    key: r.id.key.to_owned(),
-                    owner: r.id.owner.to_owned(),
-                    fencing_token: r.id.fencing_token,
-                    expires_at: DateTime::from_timestamp_micros(now.saturating_add(r.lease_micros))
+        let (statement, budget) = match wait {
+            RenewWait::Skip => (&sql.renew, None),
+            RenewWait::Briefly(budget) => (&sql.renew_waiting, Some(micros(budget))),
+        };
+        // The keys of the leases the successful UPDATE was asked to renew: every one of
+        // them that is ours and live afterwards was renewed by it (nothing else makes an
+        // expired row live for that owner).
+        let asked: HashSet<&str> = match update_batch(conn, statement, &json, budget).await? {
+            // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
+            // the batch was renewed when it equals the batch's size.
+            Some(done) if wait == RenewWait::Skip && done.rows_affected() == batch.len() as u64 => {
+                let now = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+                return Ok(batch
+                    .iter()
+                    .map(|r| RowState {
+                        key: r.id.key.to_owned(),
+                        owner: r.id.owner.to_owned(),
+                        fencing_token: r.id.fencing_token,
+                        expires_at: DateTime::from_timestamp_micros(
+                            now.saturating_add(r.lease_micros),
+                        )
                         .unwrap_or(DateTime::<Utc>::MAX_UTC),
-                    renewed: true,
-                })
-                .collect());
-        }
+                        renewed: true,
+                        busy: false,
+                    })
+                    .collect());
+            }
+            Some(_) => batch.iter().map(|r| r.id.key).collect(),
+            // A row was locked, and nothing renewed: waiting briefly, that is the answer;
+            // skipping, the rows free now are renewed alone.
+            None if budget.is_some() => HashSet::new(),
+            None => renew_free(conn, sql, batch).await?,
+        };
         let rows: Vec<BatchRow> = sqlx::query_as(audited(&sql.read_batch))
             .bind(&json)
             .fetch_all(conn)
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(key, owner, token, expires_at, renewed)| {
+            .map(|(key, owner, token, expires_at, ours_and_live)| {
                 // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
                 let key = String::from_utf8_lossy(&key).into_owned();
-                RowState::from((key, owner, token, expires_at, renewed != 0))
+                let ours_and_live = ours_and_live != 0;
+                let renewed = ours_and_live && asked.contains(key.as_str());
+                let mut row = RowState::from((key, owner, token, expires_at, renewed));
+                row.busy = ours_and_live && !renewed;
+                row
             })
             .collect())
     }

@@ -21,6 +21,7 @@ mod primitives;
 mod queue;
 mod racing;
 mod schedule;
+mod stuck_fence;
 mod waiting;
 mod wakeups;
 
@@ -45,6 +46,7 @@ pub use primitives::*;
 pub use queue::*;
 pub use racing::*;
 pub use schedule::*;
+pub use stuck_fence::*;
 pub use waiting::*;
 pub use wakeups::*;
 
@@ -141,6 +143,8 @@ macro_rules! conformance_suite {
             pool_timeouts_say_whether_connections_answered,
             a_lease_ends_locally_before_the_database_sees_it_expire,
             an_answer_after_the_deadline_makes_no_guard,
+            one_stuck_fenced_transaction_costs_one_lease,
+            a_hammered_key_stays_renewed,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
