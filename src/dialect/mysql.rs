@@ -293,12 +293,10 @@ const ER_NO_SUCH_TABLE: u16 = 1146;
 const ER_BAD_FIELD_ERROR: u16 = 1054;
 /// Error numbers that mean "another session got in the way".
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
-/// MariaDB: the statement ran past its `max_statement_time` (an acquisition's bound,
-/// `SET STATEMENT`) and was rolled back: it changed nothing.
-const ER_STATEMENT_TIMEOUT: u16 = 1969;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_LOCK_NOWAIT: u16 = 3572;
-/// MariaDB: `max_statement_time` ran out (the statement was rolled back).
+/// MariaDB: `max_statement_time` ran out (the statement was rolled back: it changed
+/// nothing). An acquisition's bound (`SET STATEMENT`), a renewal's, the engine session's.
 const ER_STATEMENT_TIMEOUT: u16 = 1969;
 /// ER_CHECKREAD, "Record has changed since last read": MariaDB 11.6+ (where
 /// `innodb_snapshot_isolation` is on by default) refuses a locking read or write in a
