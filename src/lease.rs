@@ -41,6 +41,9 @@ pub(crate) struct Timing {
     pub(crate) next_renewal: Instant,
     /// Whether the last renewal statement failed (the database could not be reached).
     pub(crate) failing: bool,
+    /// What the lease is lost as if it is still failing at its deadline: `Unreachable`, or
+    /// `NoConnection` when the database refused the engine its connection.
+    pub(crate) failure: LostReason,
     /// Whether an engine is renewing this lease; when not, the deadline is final.
     pub(crate) renewing: bool,
     /// The engine pass that last included this lease (see `Engine::release`).
@@ -155,6 +158,7 @@ impl Lease {
                 deadline,
                 next_renewal: won.interval.map_or(deadline, |i| won.sent_at + i),
                 failing: false,
+                failure: LostReason::Unreachable,
                 renewing: false,
                 in_pass: 0,
                 ended: false,
@@ -212,7 +216,9 @@ impl Lease {
             (!timing.ended && Instant::now() >= timing.deadline).then_some(
                 // An engine that renews it sent a statement that did not come back in
                 // time (or could not send one); a lease nobody renews simply ran out.
-                if timing.renewing {
+                if timing.renewing && timing.failing {
+                    timing.failure
+                } else if timing.renewing {
                     LostReason::Unreachable
                 } else {
                     LostReason::Expired

@@ -55,3 +55,59 @@ async fn private_in_memory_database_is_refused() {
         other => panic!("expected InvalidConfig, got {other:?}"),
     }
 }
+
+/// SQLite's "partition": another connection holds the database's write lock (a stuck
+/// write transaction, a process frozen mid-write). Writers then wait in SQLite's busy
+/// handler, up to sqlx's busy timeout (5 s), which no network bound covers; dblock's own
+/// bounds cut them short: an acquisition at its deadline (at least 1 s), a release at its
+/// lease's, and the lease ends locally a margin before it could expire. Fails without the
+/// bounds (each call then takes the whole busy timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_write_lock_bounds_every_write() {
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    let Some(db) = common::TestDb::<dblock::Sqlite>::open().await else {
+        return;
+    };
+    // sqlx's default busy timeout (5 s): the wait the bounds must cut short.
+    let locker = dblock::Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .build()
+        .unwrap();
+    let lease = Duration::from_secs(1);
+    let held = locker.try_acquire("held", lease).await.unwrap().unwrap();
+
+    let mut blocker = db.pool.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    // The bound is 1 s; the busy timeout 5 s. 3.5 s leaves room for a busy machine.
+    let limit = Duration::from_millis(3500);
+    let started = Instant::now();
+    let attempt = locker.try_acquire("other", lease).await;
+    let took = started.elapsed();
+    eprintln!("try_acquire under a held write lock: {attempt:?} after {took:?}");
+    assert!(attempt.is_err(), "no lock while the write lock is held");
+    assert!(took < limit, "try_acquire took {took:?}");
+
+    // The held lease cannot be renewed: it ends locally, before the database's expiry.
+    let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the lease ends");
+    let learned = chrono::Utc::now();
+    assert!(learned < held.expires_at(), "{reason}: learned after the expiry");
+
+    let started = Instant::now();
+    let released = held.release().await;
+    let took = started.elapsed();
+    eprintln!("release under a held write lock: {released:?} after {took:?}");
+    assert!(took < limit, "release took {took:?}");
+
+    sqlx::query("ROLLBACK")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    locker.shutdown().await;
+}

@@ -132,9 +132,11 @@ impl<DB: Backend> EngineState<DB> {
                 Counters::bump(&self.counters.renewal_errors);
                 tracing::debug!(table = %self.table.name(), leases = batch.len(), error = %err, "renewal failed; retrying until each lease's deadline");
                 let retry_at = Instant::now() + backoff.next().unwrap_or_default();
+                let reason = self.unreachable();
                 for lease in batch {
                     let mut timing = lease.timing();
                     timing.failing = true;
+                    timing.failure = reason;
                     timing.next_renewal = retry_at;
                 }
                 self.forget_lost(batch);
@@ -177,9 +179,11 @@ impl<DB: Backend> EngineState<DB> {
                 Err(_) => {
                     Counters::bump(&self.counters.renewal_errors);
                     let retry_at = Instant::now() + backoff.next().unwrap_or_default();
+                    let reason = self.unreachable();
                     for lease in &unsure {
                         let mut timing = lease.timing();
                         timing.failing = true;
+                        timing.failure = reason;
                         timing.next_renewal = retry_at;
                     }
                 }
@@ -219,6 +223,7 @@ impl<DB: Backend> EngineState<DB> {
                 // (the renewal could not reach its row), not as an expiry it never had.
                 let mut timing = lease.timing();
                 timing.failing = true;
+                timing.failure = LostReason::Unreachable;
                 timing.next_renewal = Instant::now() + delay;
                 drop(timing);
                 tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, retry_in = ?delay, "lease row locked by another transaction; renewing it again soon");
