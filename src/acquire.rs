@@ -30,7 +30,7 @@ use crate::line::{Line, Offer, Terms};
 use crate::queue::Fifo;
 use crate::retry::{Backoff, Retry, by_deadline, retry};
 use crate::stats::Counters;
-use crate::table::LockTable;
+use crate::table::{LockTable, WriteTake};
 
 /// What one attempt is asked to do.
 pub(crate) struct Request<'a> {
@@ -42,6 +42,9 @@ pub(crate) struct Request<'a> {
     /// Fair mode: the waiter's ticket (`None`: it has none, and any live ticket of the
     /// key is ahead of it).
     pub(crate) ticket: Option<i64>,
+    /// A read-write lock's reader: the grant key whose writes the acquisition is ordered
+    /// with ([`LockTable::acquire_read`]).
+    pub(crate) beside: Option<&'a str>,
 }
 
 /// A reentrant owner's gate, shut while its owner value is in use by an attempt. An
@@ -168,8 +171,12 @@ pub(crate) async fn attempt<DB: Backend>(
             request.owner.to_owned(),
             request.lease,
         );
+        let beside = request.beside.map(str::to_owned);
         Box::pin(async move {
-            let outcome = table.acquire(&key, &owner, lease).await;
+            let outcome = match &beside {
+                Some(grant) => table.acquire_read(&key, grant, &owner, lease).await,
+                None => table.acquire(&key, &owner, lease).await,
+            };
             Answer {
                 outcome,
                 key,
@@ -318,15 +325,83 @@ pub(crate) async fn attempt_all<DB: Backend>(
     lease: Duration,
     renew: Option<Duration>,
 ) -> Result<Option<Vec<Arc<Lease>>>> {
-    core.margin.check(lease, renew)?;
-    Counters::bump(&core.counters.attempts);
-    let sent_at = Instant::now();
-    let until = sent_at + lease;
     let statement: Statement<Result<Option<Vec<Acquired>>>> = {
         let table = Arc::clone(&core.table);
         let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
         Box::pin(async move { table.acquire_all(&sent_keys, &sent_owner, lease).await })
     };
+    attempt_keys(core, keys, owner, lease, renew, statement).await
+}
+
+/// What a read-write lock's write attempt ([`attempt_write`]) came to.
+pub(crate) enum WriteAttempt {
+    /// The writer's and the grant's leases, in that order.
+    Won(Vec<Arc<Lease>>),
+    /// A row was held (or a fair-mode ticket is ahead, or the race was lost).
+    Held,
+    /// Both rows were free, but a reader holds.
+    Read,
+}
+
+/// One attempt at a write of a read-write lock, in one transaction: the writer's row and
+/// the grant's (`keys`, in that order), kept only if no row keyed with the prefix
+/// `readers` is live. Fair mode: only if no ticket is ahead of `ticket` for the writer's
+/// key. Cancel safe as [`attempt`].
+pub(crate) async fn attempt_write<DB: Backend>(
+    core: &Core<DB>,
+    keys: &[String],
+    readers: &str,
+    owner: &str,
+    lease: Duration,
+    renew: Option<Duration>,
+    ticket: Option<i64>,
+) -> Result<WriteAttempt> {
+    if core.tickets.is_some() {
+        let ahead = Box::pin(core.table.earlier_ticket(&keys[0], ticket));
+        if ahead.await? {
+            return Ok(WriteAttempt::Held);
+        }
+    }
+    // Set by the statement when it found a reader (the rows were free).
+    let read = Arc::new(AtomicBool::new(false));
+    let statement: Statement<Result<Option<Vec<Acquired>>>> = {
+        let table = Arc::clone(&core.table);
+        let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
+        let (sent_readers, read) = (readers.to_owned(), Arc::clone(&read));
+        Box::pin(async move {
+            let taken = table.acquire_write(&sent_keys, &sent_readers, &sent_owner, lease);
+            Ok(match taken.await? {
+                WriteTake::Won(won) => Some(won),
+                WriteTake::Held => None,
+                WriteTake::Read => {
+                    read.store(true, Ordering::Relaxed);
+                    None
+                }
+            })
+        })
+    };
+    Ok(
+        match attempt_keys(core, keys, owner, lease, renew, statement).await? {
+            Some(leases) => WriteAttempt::Won(leases),
+            None if read.load(Ordering::Relaxed) => WriteAttempt::Read,
+            None => WriteAttempt::Held,
+        },
+    )
+}
+
+/// [`attempt_all`] with the transaction `statement` (unsent) taking `keys` for `owner`.
+async fn attempt_keys<DB: Backend>(
+    core: &Core<DB>,
+    keys: &[String],
+    owner: &str,
+    lease: Duration,
+    renew: Option<Duration>,
+    statement: Statement<Result<Option<Vec<Acquired>>>>,
+) -> Result<Option<Vec<Arc<Lease>>>> {
+    core.margin.check(lease, renew)?;
+    Counters::bump(&core.counters.attempts);
+    let sent_at = Instant::now();
+    let until = sent_at + lease;
     let mut in_flight = AllInFlight {
         core,
         statement: Some(statement),

@@ -794,6 +794,7 @@ impl<DB: Backend> Locker<DB> {
             lease,
             renew,
             ticket,
+            beside: None,
         };
         acquire::attempt(&self.core, request, gate)
     }

@@ -64,6 +64,16 @@ async fn take_all<DB: Backend>(
     Ok(Some(won))
 }
 
+/// What a read-write lock's write attempt ([`LockTable::acquire_write`]) came to.
+pub(crate) enum WriteTake {
+    /// Both rows, the writer's and the grant's, committed.
+    Won(Vec<Acquired>),
+    /// A row was held by another owner, or another session got in the way: nothing kept.
+    Held,
+    /// Both rows were free but a reader holds: nothing kept.
+    Read,
+}
+
 /// How many times a statement rolled back as a deadlock victim is sent again.
 const DEADLOCK_RETRIES: u32 = 10;
 
@@ -363,6 +373,103 @@ impl<DB: Backend> LockTable<DB> {
             }
             won => won.map_err(|err| self.error_from(err)),
         }
+    }
+
+    /// A read-write lock's reader: [`acquire`](Self::acquire) of `key`, ordered with the
+    /// write transactions of the grant `grant` ([`LockSql::acquire_read`]).
+    ///
+    /// [`LockSql::acquire_read`]: crate::dialect::LockSql::acquire_read
+    pub(crate) async fn acquire_read(
+        &self,
+        key: &str,
+        grant: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Option<Acquired>> {
+        let won = self
+            .run_raw(|mut conn| async move {
+                let returns = self.upsert_returns_on(&mut conn).await?;
+                let lease = micros(lease);
+                DB::acquire_read(&mut conn, &self.sql, key, grant, owner, lease, returns).await
+            })
+            .await;
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(key, error = %err, "lost a read's acquisition race");
+                Ok(None)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
+    }
+
+    /// A read-write lock's write in one transaction, one commit: the writer's row and the
+    /// grant's (`keys`, in that order, which is byte order), then a look for a live reader
+    /// (a row whose key starts with `readers`); committed only when both rows were won and
+    /// no reader holds, rolled back otherwise.
+    pub(crate) async fn acquire_write(
+        &self,
+        keys: &[String],
+        readers: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<WriteTake> {
+        let readers_end = prefix_end(readers).unwrap_or_default();
+        let readers = (readers, readers_end.as_str());
+        let won = self
+            .run_raw(|mut conn| async move {
+                let returns = self.upsert_returns_on(&mut conn).await?;
+                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                let taken = take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, returns).await;
+                let taken = match taken {
+                    Ok(Some(won)) => {
+                        match DB::live_member(&mut tx, &self.sql, readers.0, readers.1).await {
+                            Ok(false) => Ok(WriteTake::Won(won)),
+                            Ok(true) => Ok(WriteTake::Read),
+                            Err(err) => Err(err),
+                        }
+                    }
+                    Ok(None) => Ok(WriteTake::Held),
+                    Err(err) => Err(err),
+                };
+                // Ended here, whatever happened, as in `acquire_all`.
+                match taken {
+                    Ok(WriteTake::Won(won)) => {
+                        tx.commit().await?;
+                        Ok(WriteTake::Won(won))
+                    }
+                    Ok(refused) => {
+                        tx.rollback().await?;
+                        Ok(refused)
+                    }
+                    Err(err) => {
+                        tx.rollback().await.ok();
+                        Err(err)
+                    }
+                }
+            })
+            .await;
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(?keys, error = %err, "lost a write's race");
+                Ok(WriteTake::Held)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
+    }
+
+    /// Owner- and token-checked delete of the rows of `ids` (sorted by key) in one
+    /// statement (or one transaction: one commit) on a pool connection, waking waiters as
+    /// a release does: the rows that were ours and went. Sent again while another session
+    /// is in the way, until `until`, as [`release`](Self::release) is.
+    pub(crate) async fn release_together(
+        &self,
+        ids: &[LockId<'_>],
+        until: Instant,
+    ) -> Result<Vec<ReleasedRow>> {
+        self.contended_until(until, |mut conn| async move {
+            DB::release_batch(&mut conn, &self.sql, ids).await
+        })
+        .await
     }
 
     /// Owner- and token-checked delete: `Some(expired)` when our row went, saying whether

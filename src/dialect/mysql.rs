@@ -29,6 +29,7 @@ statements! { batch_sql;
     read_release_batch: READ_RELEASE_BATCH,
     read_batch: READ_BATCH,
     live_tickets: LIVE_TICKETS,
+    live_member: LIVE_MEMBER,
 }
 
 /// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
@@ -56,6 +57,17 @@ const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_tim
 // MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
+
+// A write's look for live readers, inside its transaction (`LockSql::live_member`). A
+// locking read: it reads the rows as committed now, whatever snapshot the transaction's
+// earlier reads fixed (MySQL 8's acquisition reads its row back; REPEATABLE READ would
+// then answer as of that read). Readers that could commit beside the write are ordered
+// by the grant's fencing counter: a reader's row draws its token from the grant's
+// counter row, which the write's grant insert keeps locked until the write commits.
+const LIVE_MEMBER: &str = "\
+SELECT 1 FROM {table}
+ WHERE lock_key >= ? AND lock_key < ? AND expire_time > NOW(6)
+ LIMIT 1 LOCK IN SHARE MODE";
 
 // DELETE has no RETURNING on MySQL 8: the usual release deletes a live lease, and only
 // when that finds nothing does a second one tell an expired row of ours from none.
@@ -508,6 +520,20 @@ impl LockSql for MySql {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn live_member(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        from: &str,
+        until: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let found: Option<i64> = sqlx::query_scalar(audited(&sql.live_member))
+            .bind(from)
+            .bind(until)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
     }
 
     common_lock_statements!();
