@@ -33,11 +33,12 @@ pub struct Stats {
     pub acquired: u64,
     /// Rows released by this locker's guards (explicitly or on drop).
     pub released: u64,
-    /// Release statements sent for explicit releases (`release().await`), each one commit
-    /// whatever its number of rows (a read-write lock's write releases its two rows in
-    /// one); not counting a statement sent again while another session was in the way.
-    /// With `attempts` (one transaction each, whatever its number of keys) and
-    /// `release_batches`, the commits this locker's locks cost.
+    /// Release statements sent outside the engine's batches (an explicit
+    /// `release().await`, a handoff, a lease released on its own in the background), each
+    /// one commit whatever its number of rows: a read-write lock's write releases its two
+    /// rows in one. A statement sent again while another session was in the way is not
+    /// counted again. With `attempts` (one statement or transaction each, whatever its
+    /// number of keys) and `release_batches`, the commits this locker's locks cost.
     pub releases: u64,
     /// Renewal batches sent by the lease engine (counted before they are sent). One batch
     /// renews every due lease of the locker, up to 10,000 of them, in one statement; on
