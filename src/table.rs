@@ -467,7 +467,13 @@ impl<DB: Backend> LockTable<DB> {
         until: Instant,
     ) -> Result<Vec<ReleasedRow>> {
         self.contended_until(until, |mut conn| async move {
-            DB::release_batch(&mut conn, &self.sql, ids).await
+            match ids {
+                [a, b] => {
+                    let returns = self.upsert_returns_on(&mut conn).await?;
+                    DB::release_pair(&mut conn, &self.sql, [*a, *b], returns).await
+                }
+                _ => DB::release_batch(&mut conn, &self.sql, ids).await,
+            }
         })
         .await
     }

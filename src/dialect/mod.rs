@@ -293,6 +293,20 @@ pub trait LockSql: Dialect {
         Self::acquire(conn, sql, key, owner, lease_micros, upsert_returns)
     }
 
+    /// Owner- and token-checked delete of a write's two rows (in key order) in one
+    /// statement, waking waiters as a release does: the rows that were ours and went.
+    /// `upsert_returns`: the server takes `RETURNING` ([`LockSql::upsert_returns`]).
+    /// Elsewhere it is [`release_batch`](Self::release_batch).
+    fn release_pair(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        pair: [LockId<'_>; 2],
+        upsert_returns: bool,
+    ) -> impl Future<Output = Result<Vec<ReleasedRow>, sqlx::Error>> + Send {
+        let _ = upsert_returns;
+        async move { Self::release_batch(conn, sql, &pair).await }
+    }
+
     /// Inside a write's transaction, after it took the writer's and the grant's rows:
     /// whether a live row keyed from `from` up to (not including) `until` exists (a
     /// reader's), read as committed now, not as of the transaction's start, so that every

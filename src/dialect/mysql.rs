@@ -30,6 +30,7 @@ statements! { batch_sql;
     read_batch: READ_BATCH,
     live_tickets: LIVE_TICKETS,
     live_member: LIVE_MEMBER,
+    release_pair: RELEASE_PAIR,
 }
 
 /// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
@@ -68,6 +69,17 @@ const LIVE_MEMBER: &str = "\
 SELECT 1 FROM {table}
  WHERE lock_key >= ? AND lock_key < ? AND expire_time > NOW(6)
  LIMIT 1 LOCK IN SHARE MODE";
+
+// A write's two rows in one statement where DELETE takes RETURNING (MariaDB; sent where
+// the upsert's RETURNING is: 10.5+, not Galera): one round trip, where the batched
+// release's transaction (a locking read, the DELETE, BEGIN and COMMIT) takes four. The
+// key list finds both rows by the primary key, in its order.
+const RELEASE_PAIR: &str = "\
+DELETE FROM {table}
+ WHERE lock_key IN (?, ?)
+   AND ((lock_key = ? AND lock_value = ? AND fencing_token = ?)
+        OR (lock_key = ? AND lock_value = ? AND fencing_token = ?))
+RETURNING lock_key, fencing_token, CAST(expire_time <= NOW(6) AS SIGNED)";
 
 // DELETE has no RETURNING on MySQL 8: the usual release deletes a live lease, and only
 // when that finds nothing does a second one tell an expired row of ours from none.
@@ -520,6 +532,39 @@ impl LockSql for MySql {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_pair(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        pair: [LockId<'_>; 2],
+        upsert_returns: bool,
+    ) -> Result<Vec<ReleasedRow>, sqlx::Error> {
+        if !upsert_returns {
+            return Self::release_batch(conn, sql, &pair).await;
+        }
+        let [a, b] = pair;
+        // Read to the end, as the upsert's RETURNING is: rows come before the commit.
+        let rows: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(audited(&sql.release_pair))
+            .bind(a.key)
+            .bind(b.key)
+            .bind(a.key)
+            .bind(a.owner)
+            .bind(a.fencing_token)
+            .bind(b.key)
+            .bind(b.owner)
+            .bind(b.fencing_token)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, fencing_token, expired)| ReleasedRow {
+                // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
+                key: String::from_utf8_lossy(&key).into_owned(),
+                fencing_token,
+                expired: expired != 0,
+            })
+            .collect())
     }
 
     async fn live_member(

@@ -76,6 +76,17 @@ pub async fn rw_lock_write_costs_two_commits<DB: TestBackend>() {
     read.release().await.unwrap();
     assert_eq!(commits(db.locker.stats()) - commits(taken), 1);
     assert_eq!(db.plain.row_count().await, 0);
+
+    // The one statement still checks each row: a grant deleted behind the write's back is
+    // reported (the grant's error first), and the writer's row goes all the same.
+    let write = lock.try_write(LONG).await.unwrap().expect("free");
+    assert_eq!(db.plain.delete("ledger~write-grant").await, 1);
+    let released = write.release().await;
+    assert!(
+        matches!(&released, Err(dblock::Error::NotHeld { key, .. }) if key == "ledger~write-grant"),
+        "{released:?}"
+    );
+    assert_eq!(db.plain.row_count().await, 0);
 }
 
 /// A reader whose acquisition overlaps a write's transaction (both rows taken, not yet
