@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio::time::{Instant, sleep};
 
-use crate::config::RetryPolicy;
+use crate::config::{RetryPolicy, WAIT_SLACK};
 use crate::core::Core;
 use crate::dialect::{Acquired, Backend, LockId};
 use crate::error::{Error, LostReason, Result};
@@ -89,7 +89,14 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
         let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
         let (key, owner) = (self.key.to_owned(), self.owner.to_owned());
         let (until, gate) = (self.until, self.gate.take());
+        let grace = table.statement_timeout();
         self.core.jobs.spawn(async move {
+            // The statement gives up at `until` on the client, and on the server it waits
+            // for no lock past it (its `wait`); what is left is its commit and the answer.
+            // So the clean-up waits for that answer and keeps trying to remove the row a
+            // statement timeout past `until`, not only to `until`: a statement queued
+            // behind a row lock that answered late was a row nobody would remove.
+            let until = until + grace;
             let token = match tokio::time::timeout_at(until, statement).await {
                 // Lost the race: nothing of ours to remove.
                 Ok(Answer {
@@ -174,8 +181,8 @@ pub(crate) async fn attempt<DB: Backend>(
         let beside = request.beside.map(str::to_owned);
         Box::pin(async move {
             let outcome = match &beside {
-                Some(grant) => table.acquire_read(&key, grant, &owner, lease).await,
-                None => table.acquire(&key, &owner, lease).await,
+                Some(grant) => table.acquire_read(&key, grant, &owner, lease, until).await,
+                None => table.acquire(&key, &owner, lease, until).await,
             };
             Answer {
                 outcome,
@@ -237,6 +244,8 @@ pub(crate) async fn attempt<DB: Backend>(
             // trying to remove a row this owner may have committed until its lease would
             // have ended anyway: nobody else will ever use this owner value.
             let (table, policy) = (Arc::clone(&core.table), core.retry);
+            // As after an abandoned attempt (see `InFlight`).
+            let until = until + table.statement_timeout();
             core.jobs.spawn(async move {
                 remove_leftover(&table, &policy, &key, &owner, None, until).await;
             });
@@ -258,6 +267,9 @@ fn late<DB: Backend>(core: &Core<DB>, won: Vec<Won>, until: Instant) -> Error {
         "acquisition answered after its lease's local deadline: no guard, the row is released"
     );
     let (table, policy) = (Arc::clone(&core.table), core.retry);
+    // A statement timeout past `until`, as after an abandoned attempt (see `InFlight`):
+    // the answer came late, and so may the release's.
+    let until = until + table.statement_timeout();
     core.jobs.spawn(async move {
         for won in &won {
             let token = Some(won.fencing_token);
@@ -301,7 +313,9 @@ impl<DB: Backend> Drop for AllInFlight<'_, DB> {
             return;
         };
         let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
-        let (keys, owner, until) = (self.keys.to_vec(), self.owner.to_owned(), self.until);
+        let (keys, owner) = (self.keys.to_vec(), self.owner.to_owned());
+        // As after a single attempt (see `InFlight`).
+        let until = self.until + table.statement_timeout();
         self.core.jobs.spawn(async move {
             let tokens: Vec<Option<i64>> = match tokio::time::timeout_at(until, statement).await {
                 Ok(Ok(None)) => return,
@@ -325,10 +339,14 @@ pub(crate) async fn attempt_all<DB: Backend>(
     lease: Duration,
     renew: Option<Duration>,
 ) -> Result<Option<Vec<Arc<Lease>>>> {
-    let statement: Statement<Result<Option<Vec<Acquired>>>> = {
+    let statement = |until: Instant| -> Statement<Result<Option<Vec<Acquired>>>> {
         let table = Arc::clone(&core.table);
         let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
-        Box::pin(async move { table.acquire_all(&sent_keys, &sent_owner, lease).await })
+        Box::pin(async move {
+            table
+                .acquire_all(&sent_keys, &sent_owner, lease, until)
+                .await
+        })
     };
     attempt_keys(core, keys, owner, lease, renew, statement).await
 }
@@ -364,12 +382,12 @@ pub(crate) async fn attempt_write<DB: Backend>(
     }
     // Set by the statement when it found a reader (the rows were free).
     let read = Arc::new(AtomicBool::new(false));
-    let statement: Statement<Result<Option<Vec<Acquired>>>> = {
+    let statement = |until: Instant| -> Statement<Result<Option<Vec<Acquired>>>> {
         let table = Arc::clone(&core.table);
         let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
         let (sent_readers, read) = (readers.to_owned(), Arc::clone(&read));
         Box::pin(async move {
-            let taken = table.acquire_write(&sent_keys, &sent_readers, &sent_owner, lease);
+            let taken = table.acquire_write(&sent_keys, &sent_readers, &sent_owner, lease, until);
             Ok(match taken.await? {
                 WriteTake::Won(won) => Some(won),
                 WriteTake::Held => None,
@@ -389,19 +407,21 @@ pub(crate) async fn attempt_write<DB: Backend>(
     )
 }
 
-/// [`attempt_all`] with the transaction `statement` (unsent) taking `keys` for `owner`.
+/// [`attempt_all`] with the transaction `statement` makes (bounded by the instant it is
+/// given: the lease's end if it won at once) taking `keys` for `owner`.
 async fn attempt_keys<DB: Backend>(
     core: &Core<DB>,
     keys: &[String],
     owner: &str,
     lease: Duration,
     renew: Option<Duration>,
-    statement: Statement<Result<Option<Vec<Acquired>>>>,
+    statement: impl FnOnce(Instant) -> Statement<Result<Option<Vec<Acquired>>>>,
 ) -> Result<Option<Vec<Arc<Lease>>>> {
     core.margin.check(lease, renew)?;
     Counters::bump(&core.counters.attempts);
     let sent_at = Instant::now();
     let until = sent_at + lease;
+    let statement = statement(until);
     let mut in_flight = AllInFlight {
         core,
         statement: Some(statement),
@@ -446,6 +466,7 @@ async fn attempt_keys<DB: Backend>(
             // hold go in the background, as after a lost single attempt.
             let (table, policy) = (Arc::clone(&core.table), core.retry);
             let (keys, owner) = (keys.to_vec(), owner.to_owned());
+            let until = until + table.statement_timeout();
             core.jobs.spawn(async move {
                 for key in &keys {
                     remove_leftover(&table, &policy, key, &owner, None, until).await;
@@ -551,7 +572,15 @@ where
         let pause = if (turn && try_now) || (wait.is_zero() && attempts == 0) {
             attempts += 1;
             let ticket = place.ticket().await?;
-            if let Some(lease) = attempt(ticket).await? {
+            // Each attempt within the wait plus a little: one sent just before the wait
+            // ran out may still win, but a database that does not answer cannot keep the
+            // caller past `deadline + WAIT_SLACK` (its lease would allow far longer). An
+            // attempt cut here goes on in the background and removes what it won.
+            let bounded = tokio::time::timeout_at(deadline + WAIT_SLACK, attempt(ticket));
+            let Ok(won) = Box::pin(bounded).await else {
+                break;
+            };
+            if let Some(lease) = won? {
                 return fresh(core, place.won(lease).await);
             }
             if wait.is_zero() || Instant::now() >= deadline {

@@ -146,6 +146,32 @@ impl LeaseMargin {
 
 /// How often a reaper started with [`ReaperConfig::default`](crate::ReaperConfig) runs.
 pub const DEFAULT_REAP_INTERVAL: Duration = Duration::from_secs(60);
+/// The bound on every lock-table statement that is neither an acquisition attempt nor a
+/// release or extension (those are bounded by their lease): `list`, `holder`, the
+/// database clock, `force_release`, reaper batches, fair mode's tickets, the engine's
+/// renewal batches and the listener's statements. A statement that gets no answer by
+/// then is abandoned and its connection closed. Ten seconds: a lock-table statement
+/// takes milliseconds when the database answers (it waits for no row lock longer than
+/// an attempt's deadline), so ten seconds is three orders of magnitude of headroom for a
+/// loaded server, and short enough that a caller learns of a dead network long before
+/// the pool's acquire timeout (sqlx: 30 s) or TCP's retransmission limit (~15 min).
+/// [`LockerBuilder::statement_timeout`](crate::LockerBuilder::statement_timeout) sets
+/// another.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Shortest accepted statement timeout.
+pub const MIN_STATEMENT_TIMEOUT: Duration = Duration::from_millis(100);
+/// Longest accepted statement timeout (one hour).
+pub const MAX_STATEMENT_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+/// The bound on [`Locker::migrate`](crate::Locker::migrate): longer than the statement
+/// timeout, because a migration may wait for another process's migration (they take
+/// turns under a lock) and its DDL for the locks of live transactions on the table.
+pub const MIGRATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// How long past its wait a waiting [`Locker::acquire`](crate::Locker::acquire) may take
+/// to answer when the database does not: an attempt sent just before the wait ran out
+/// gets this long to answer, and reading who held the key for the
+/// [`Error::Timeout`](crate::Error::Timeout) half a second more. So `acquire(key, lease,
+/// wait)` answers within `wait + WAIT_SLACK + 0.5 s` whatever the network does.
+pub const WAIT_SLACK: Duration = Duration::from_secs(1);
 /// Rows deleted per reaper statement by default: bounded so a large backlog never holds
 /// many row locks at once.
 pub const DEFAULT_REAP_BATCH: u32 = 1000;

@@ -37,7 +37,10 @@ pub enum LostReason {
     /// force-released by an operator, deleted by hand, or reaped.
     Deleted,
     /// The database could not be reached until the lease's own deadline passed: the
-    /// renewal got no answer (or an I/O error).
+    /// renewal got no answer (or an I/O error), or the lease's row stayed locked by
+    /// another transaction (a fenced transaction that did not end: see
+    /// [`LockGuard::assert_held`](crate::LockGuard::assert_held)), which renewal skips
+    /// rather than wait on.
     Unreachable,
     /// The database answered, but refused the lease engine a connection until the
     /// lease's deadline passed (for example: its connection limit was reached). The
@@ -58,6 +61,36 @@ impl std::fmt::Display for LostReason {
             }
         })
     }
+}
+
+/// Why [`Error::PoolTimeout`]: no connection of the pool answered, or every one was
+/// busy.
+///
+/// # Examples
+/// ```
+/// use dblock::{Error, PoolTimeoutCause};
+///
+/// /// What an operator should look at first.
+/// fn advice(err: &Error) -> &'static str {
+///     match err {
+///         Error::PoolTimeout { cause: PoolTimeoutCause::Unanswered, .. } => "server or network",
+///         Error::PoolTimeout { cause: PoolTimeoutCause::AllInUse, .. } => "pool size",
+///         _ => "other",
+///     }
+/// }
+/// # let _ = advice;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PoolTimeoutCause {
+    /// The pool had a connection to hand out or room to open one, and it did not answer
+    /// in time: the liveness check of an idle connection, or the connect and handshake of
+    /// a new one, got no reply (or was refused). The server is down or the network to it
+    /// is cut or stalled; a bigger pool would not help.
+    Unanswered,
+    /// Every connection the pool may open was checked out by other callers for the whole
+    /// wait: raise `max_connections`, or hold connections for shorter.
+    AllInUse,
 }
 
 /// Everything that can go wrong in dblock.
@@ -225,13 +258,17 @@ pub enum Error {
         #[source]
         source: sqlx::Error,
     },
-    /// No pooled connection could be had within the pool's acquire timeout.
-    #[error("{}", pool_timeout_text(*open_connections, *max_connections))]
+    /// No pooled connection could be had in time: within the call's bound (see the
+    /// README, "Connections") or the pool's own acquire timeout, whichever came first.
+    /// `cause` says whether the database did not answer or the pool was busy.
+    #[error("{}", pool_timeout_text(*open_connections, *max_connections, *cause))]
     PoolTimeout {
         /// Connections the pool had open when it gave up.
         open_connections: u32,
         /// The pool's `max_connections`.
         max_connections: u32,
+        /// Why no connection could be had.
+        cause: PoolTimeoutCause,
     },
     /// A [`Semaphore`](crate::Semaphore) was asked for with another number of permits
     /// than the live permits of its name were taken with. Nothing was written: pass one
@@ -322,21 +359,26 @@ fn holder_text(owner: Option<&str>, until: Option<&DateTime<Utc>>) -> String {
     }
 }
 
-fn pool_timeout_text(open: u32, max: u32) -> String {
-    if open == 0 {
+fn pool_timeout_text(open: u32, max: u32, cause: PoolTimeoutCause) -> String {
+    match cause {
         // sqlx retries refused connections silently until its acquire timeout, and does
         // not report the cause; with nothing open, that is the likely one.
-        format!(
+        PoolTimeoutCause::Unanswered if open == 0 => format!(
             "timed out waiting for a database connection: none of the pool's connection \
              attempts succeeded (0 of at most {max} open) - is the server at the URL's host \
-             and port up and accepting connections?"
-        )
-    } else {
-        format!(
+             and port up and accepting connections, and the network to it working?"
+        ),
+        PoolTimeoutCause::Unanswered => format!(
+            "timed out waiting for a database connection: the pool's connections ({open} \
+             open, at most {max}) did not answer (an idle connection's liveness check or a \
+             new connection's handshake got no reply) - the server or the network to it is \
+             down or stalled; a bigger pool would not help"
+        ),
+        PoolTimeoutCause::AllInUse => format!(
             "timed out waiting for a database connection: all {open} open connections \
-             (at most {max}) stayed busy - raise max_connections or hold connections for \
-             shorter"
-        )
+             (at most {max}) were in use by other callers - raise max_connections or hold \
+             connections for shorter"
+        ),
     }
 }
 
@@ -374,7 +416,34 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
-    use super::without_source_lines;
+    use super::{Error, PoolTimeoutCause, without_source_lines};
+
+    #[test]
+    fn pool_timeouts_say_which_cause() {
+        let timeout = |open, cause| {
+            Error::PoolTimeout {
+                open_connections: open,
+                max_connections: 4,
+                cause,
+            }
+            .to_string()
+        };
+        let refused = timeout(0, PoolTimeoutCause::Unanswered);
+        assert!(refused.contains("host and port"), "{refused}");
+        let unanswered = timeout(2, PoolTimeoutCause::Unanswered);
+        assert!(
+            unanswered.contains("did not answer")
+                && unanswered.contains("a bigger pool would not help")
+                && !unanswered.contains("raise max_connections"),
+            "{unanswered}"
+        );
+        let busy = timeout(4, PoolTimeoutCause::AllInUse);
+        assert!(
+            busy.contains("all 4 open connections (at most 4) were in use")
+                && busy.contains("raise max_connections"),
+            "{busy}"
+        );
+    }
 
     #[test]
     fn source_lines_are_cut_and_other_text_kept() {

@@ -7,6 +7,7 @@ use sqlx::Transaction;
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::retry::by_deadline;
 
 impl<DB: Backend> LockGuard<DB> {
     /// Checks, inside the caller's write transaction `tx`, that this lock is still held:
@@ -20,8 +21,26 @@ impl<DB: Backend> LockGuard<DB> {
     /// The row stays locked until `tx` ends, live lease or not: an acquisition attempt
     /// on this key from anywhere waits for `tx` (so a rival's `try_acquire` can take as
     /// long as your transaction; on MySQL/MariaDB at most `innodb_lock_wait_timeout`),
-    /// and so does the batched renewal of every lease of this guard's Locker. Keep such
-    /// transactions short against the lease.
+    /// and this lease cannot be renewed meanwhile: the Locker's batched renewal skips
+    /// the locked row (its other leases are renewed as usual) and retries it briefly
+    /// until the lease's deadline, where this guard is lost as
+    /// [`LostReason::Unreachable`](crate::LostReason::Unreachable). Keep such
+    /// transactions shorter than what the lease has left.
+    ///
+    /// If `tx`'s connection goes half-open (a dead peer or a partition: nothing closes
+    /// the socket), the server keeps the row locked until it notices, about two hours on
+    /// default TCP keepalive settings. On PostgreSQL the check therefore sets
+    /// `idle_in_transaction_session_timeout` for `tx` only (`set_config(.., true)`, in
+    /// the same statement) to what the lease has left by the database clock, unless
+    /// yours is shorter: a session that then sits idle in `tx` that long is ended by the
+    /// server (your next statement fails, read by [`explain`](Self::explain) as
+    /// [`Error::NotHeld`] once the lease is gone; the connection is closed), which frees the
+    /// row; by that time the lease has run out, and the fence could no longer be
+    /// trusted. On MariaDB set `idle_transaction_timeout` (seconds, at most your leases'
+    /// length) on the connections you fence transactions on; MySQL 8 has no such
+    /// setting (`wait_timeout` ends any idle session). On SQLite there is no connection
+    /// to lose, but `tx` holds the database's write lock: every writer of the file,
+    /// renewal of every lease included, waits until it ends.
     ///
     /// On a MariaDB Galera cluster the row lock is the node's own: a rival on another
     /// node takes an expired lock at once, and Galera's certification lets only one of
@@ -45,7 +64,11 @@ impl<DB: Backend> LockGuard<DB> {
     /// deleted (roll `tx` back: dropping it does), also when the check itself was rolled
     /// back by such a change; [`Error::RowLocked`] when the lock row (on SQLite, the
     /// database) stayed busy past the server's lock-wait limit; [`Error::Database`]
-    /// otherwise.
+    /// otherwise, among them a check that got no answer within the Locker's
+    /// [`statement_timeout`](crate::LockerBuilder::statement_timeout) (a timed-out I/O
+    /// error): `tx` is then mid-statement, drop it. To bound the rest of your own
+    /// transaction, see the README, "Connections".
+    ///
     ///
     /// # Example
     /// ```
@@ -63,7 +86,11 @@ impl<DB: Backend> LockGuard<DB> {
     /// # Cancel safety
     /// Cancel safe: it only reads and locks inside `tx`; dropping `tx` undoes the lock.
     pub async fn assert_held(&self, tx: &mut Transaction<'_, DB>) -> Result<()> {
-        match self.lock_table().check_fence(tx, self.lock_id()).await {
+        // On the caller's connection, which dblock cannot close: abandoned at the bound,
+        // the caller's transaction is left to its owner (it is dropped with the error).
+        let table = self.lock_table();
+        let until = tokio::time::Instant::now() + table.statement_timeout();
+        match by_deadline(until, table.check_fence(tx, self.lock_id())).await {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.not_held()),
             Err(err) if DB::is_conflict_rollback(&err) => Err(self.explain(err).await),

@@ -233,14 +233,18 @@ impl Lease {
             if let Some(reason) = self.lost_reason() {
                 return reason;
             }
-            let deadline = self.timing().deadline;
+            let (deadline, ended) = {
+                let timing = self.timing();
+                (timing.deadline, timing.ended)
+            };
             // Every renewal, loss and change of who renews notifies `changed`; the
             // deadline wakes it too, renewed or not: a renewal still in flight then has
             // come too late, and waiting for the engine's task to say so would add its
             // wake-up to the holder's learning time.
             tokio::select! {
                 _ = changed => {}
-                _ = sleep_until(deadline) => {}
+                // A released lease is never lost: only a change can end this wait.
+                _ = sleep_until(deadline), if !ended => {}
             }
         }
     }

@@ -65,11 +65,16 @@ pub use config::{
     MAX_OWNER_PREFIX_BYTES, MAX_QUALIFIED_TABLE_NAME_BYTES, MAX_TABLE_NAME_BYTES, MAX_WAIT,
     MIN_LEASE, RetryPolicy,
 };
+// The bounds on every call (README, "Connections"), on a line of their own.
+pub use config::{
+    DEFAULT_STATEMENT_TIMEOUT, MAX_STATEMENT_TIMEOUT, MIGRATION_TIMEOUT, MIN_STATEMENT_TIMEOUT,
+    WAIT_SLACK,
+};
 pub use dialect::{Backend, LockId};
 pub use election::{
     Election, Leader, LeaderWatch, Leadership, MAX_IDENTITY_BYTES, MIN_WATCH_INTERVAL,
 };
-pub use error::{Error, LostReason, Result};
+pub use error::{Error, LostReason, PoolTimeoutCause, Result};
 pub use guard::LockGuard;
 pub use job::Job;
 pub use key_label::KeyLabel;
@@ -133,7 +138,8 @@ pub mod internals {
             owner: &str,
             lease: std::time::Duration,
         ) -> crate::error::Result<Option<Acquired>> {
-            self.0.acquire(key, owner, lease).await
+            let until = tokio::time::Instant::now() + lease;
+            self.0.acquire(key, owner, lease, until).await
         }
 
         /// Owner- and token-checked release; `true` when our row went.

@@ -179,6 +179,8 @@ pub struct LockerBuilder<DB: Backend> {
     listener_options: Option<ConnectOptions<DB>>,
     fair: bool,
     key_label: KeyLabel,
+    /// `None`: not set, [`DEFAULT_STATEMENT_TIMEOUT`](crate::DEFAULT_STATEMENT_TIMEOUT).
+    statement_timeout: Option<Duration>,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -363,6 +365,41 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
+    /// The bound on every lock-table statement that neither a lease nor a wait bounds:
+    /// [`list`](Locker::list), [`holder`](Locker::holder), the database clock,
+    /// [`force_release`](Locker::force_release), reaper batches, fair mode's tickets, the
+    /// lease engine's batches (renewal also stops at each lease's deadline) and the pool
+    /// checkout before each of them. A statement without an answer by then is abandoned,
+    /// its connection closed (not handed back to the pool), and the call fails with a
+    /// retryable error: [`Error::PoolTimeout`] if no connection could be had (saying
+    /// why), else [`Error::Database`] with a timed-out I/O error. Acquisition attempts
+    /// are bounded by their lease, [`Locker::acquire`] by its wait, and releases and
+    /// extensions by their lease instead (README, "Connections", has the whole table).
+    ///
+    /// Default: [`DEFAULT_STATEMENT_TIMEOUT`](crate::DEFAULT_STATEMENT_TIMEOUT) (10 s);
+    /// between [`MIN_STATEMENT_TIMEOUT`](crate::MIN_STATEMENT_TIMEOUT) (100 ms) and
+    /// [`MAX_STATEMENT_TIMEOUT`](crate::MAX_STATEMENT_TIMEOUT) (1 h), checked by
+    /// [`build`](Self::build) ([`Error::InvalidDuration`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let locker = dblock::Locker::builder(pool.clone())
+    ///     .statement_timeout(Duration::from_secs(3))
+    ///     .build()?;
+    /// # let _ = locker;
+    /// let zero = dblock::Locker::builder(pool).statement_timeout(Duration::ZERO).build();
+    /// assert!(matches!(zero, Err(dblock::Error::InvalidDuration { .. })));
+    /// # Ok(()) }
+    /// ```
+    pub fn statement_timeout(mut self, bound: Duration) -> Self {
+        self.statement_timeout = Some(bound);
+        self
+    }
+
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
         let table = match (self.table, self.durability) {
@@ -418,7 +455,17 @@ impl<DB: Backend> LockerBuilder<DB> {
         if let Err(err) = margin.check(default_lease, default_renew) {
             return Err(Error::InvalidConfig(format!("default_lease: {err}")));
         }
-        let table = LockTable::new(self.pool, table, self.retry, self.durability);
+        let statement_timeout = self
+            .statement_timeout
+            .unwrap_or(crate::config::DEFAULT_STATEMENT_TIMEOUT);
+        validate_range(
+            "statement timeout",
+            statement_timeout,
+            crate::config::MIN_STATEMENT_TIMEOUT,
+            crate::config::MAX_STATEMENT_TIMEOUT,
+        )?;
+        let table = LockTable::new(self.pool, table, self.retry, self.durability)
+            .with_statement_timeout(statement_timeout);
         Ok(Locker {
             core: Arc::new(Core::new(Settings {
                 table,
@@ -512,6 +559,7 @@ impl<DB: Backend> Locker<DB> {
             listener_options: None,
             fair: false,
             key_label: KeyLabel::Off,
+            statement_timeout: None,
         }
     }
 
@@ -649,7 +697,13 @@ impl<DB: Backend> Locker<DB> {
     /// Errors: [`Error::InvalidKey`], [`Error::InvalidDuration`] (nothing is written), or
     /// [`Error::Database`]: the statement or its answer was lost. If the database did
     /// grant the lock, the row is deleted in the background as soon as the database can
-    /// be reached again (trying until the lease would have ended).
+    /// be reached again (trying until a statement timeout past the lease's end).
+    ///
+    /// Answers by the lease's end (at least 1 s after the send) whatever the network does:
+    /// a database that does not answer by then is [`Error::PoolTimeout`] (no connection
+    /// could be had; its `cause` says why) or [`Error::Database`] (a timed-out I/O error),
+    /// and the statement cannot wait on the server past that moment either (README,
+    /// "Connections").
     ///
     /// # Cancel safety
     /// Cancel safe. The statement runs on the caller's task; if this future is dropped
@@ -667,7 +721,10 @@ impl<DB: Backend> Locker<DB> {
 
     /// Takes `key` for `lease`, waiting up to `wait`, then fails with [`Error::Timeout`].
     /// `wait` of zero makes a single attempt. Database errors end the wait at once: an
-    /// outage is not contention. Holds no pool connection while it sleeps.
+    /// outage is not contention. Holds no pool connection while it sleeps. Answers within
+    /// `wait` + [`WAIT_SLACK`](crate::WAIT_SLACK) (1 s) + 0.5 s even when the database does
+    /// not answer: an attempt still in flight then is cut (it finishes in the background,
+    /// removing what it won) and the wait ends with [`Error::Timeout`].
     ///
     /// Callers waiting for the same key through this locker queue in arrival order: only
     /// the first sends attempts, and a release of the key through this locker wakes it at

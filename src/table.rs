@@ -19,7 +19,8 @@
 use std::time::Duration;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use chrono::{DateTime, Utc};
 
@@ -30,10 +31,10 @@ use tokio::time::Instant;
 use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
     Acquired, Backend, Contention, HandOff, Inspected, ListQuery, Listed, ListenerOptions, LockId,
-    ReleasedRow, Releases, Renewal, RowState, WriteGate,
+    ReleasedRow, Releases, RenewWait, Renewal, RowState, WriteGate,
 };
-use crate::error::{Error, Result};
-use crate::retry::{Retry, retry};
+use crate::error::{Error, PoolTimeoutCause, Result};
+use crate::retry::{Retry, retry, timed_out};
 
 /// Most leases renewed by one batched statement. A batch travels as arrays (PostgreSQL)
 /// or one JSON document (MySQL, SQLite) of about 100 bytes a lease, so 10,000 leases are
@@ -45,18 +46,21 @@ pub(crate) type ConnectOptions<DB> =
     <<DB as sqlx::Database>::Connection as sqlx::Connection>::Options;
 
 /// The acquisition statement of each of `keys` in turn on `conn` (inside a transaction):
-/// what each won, or `None` at the first key held by another owner.
+/// what each won, or `None` at the first key held by another owner. No statement waits
+/// for a lock on the server past `until`.
 async fn take_all<DB: Backend>(
     conn: &mut DB::Connection,
     sql: &DB::Statements,
     keys: &[String],
     owner: &str,
     lease: Duration,
+    until: Instant,
     upsert_returns: bool,
 ) -> Result<Option<Vec<Acquired>>, sqlx::Error> {
     let mut won = Vec::with_capacity(keys.len());
     for key in keys {
-        match DB::acquire(conn, sql, key, owner, micros(lease), upsert_returns).await? {
+        let wait = until.saturating_duration_since(Instant::now());
+        match DB::acquire(conn, sql, key, owner, micros(lease), wait, upsert_returns).await? {
             Some(acquired) => won.push(acquired),
             None => return Ok(None),
         }
@@ -97,7 +101,111 @@ pub(crate) struct LockTable<DB: Backend> {
     /// Whether the acquisition's upsert is sent with `RETURNING` (MariaDB 10.5+ outside
     /// Galera; not MySQL 8): asked once, at the first acquisition.
     upsert_returns: tokio::sync::OnceCell<bool>,
+    /// The bound on statements that no lease or wait bounds (see
+    /// [`DEFAULT_STATEMENT_TIMEOUT`](crate::config::DEFAULT_STATEMENT_TIMEOUT)).
+    statement_timeout: Duration,
+    /// This table's pool checkouts under way that found a connection to take or room to
+    /// open one: while one of them lasts, a checkout that times out was kept waiting by
+    /// connections that did not answer, not by connections in use (see
+    /// [`PoolTimeoutCause`]).
+    testing: AtomicU32,
 }
+
+/// A pooled connection a statement runs on. Dropped before its statement answered (the
+/// statement was abandoned at its deadline), it is detached from the pool and closed
+/// rather than handed back: sqlx would ping it before putting it back, with no bound,
+/// keeping a pool slot for as long as a black-holed network lets that ping hang (TCP
+/// gives up after about 15 minutes), and a connection whose statement may still run on
+/// the server is no connection to hand to the next caller anyway. The pool opens a
+/// replacement when it needs one.
+pub(crate) struct Checkout<DB: Backend> {
+    conn: Option<PoolConnection<DB>>,
+    answered: bool,
+}
+
+impl<DB: Backend> Checkout<DB> {
+    /// Marks the statement answered (the connection goes back to the pool when
+    /// dropped), passing its outcome through.
+    fn answered<T>(&mut self, outcome: T) -> T {
+        self.answered = true;
+        outcome
+    }
+}
+
+impl<DB: Backend> Deref for Checkout<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        self.conn
+            .as_ref()
+            .expect("a checkout holds its connection until dropped")
+    }
+}
+
+impl<DB: Backend> DerefMut for Checkout<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        self.conn
+            .as_mut()
+            .expect("a checkout holds its connection until dropped")
+    }
+}
+
+impl<DB: Backend> Drop for Checkout<DB> {
+    fn drop(&mut self) {
+        if !self.answered
+            && let Some(conn) = self.conn.take()
+        {
+            // Closes the socket, no round trip: the link may be dead.
+            drop(conn.detach());
+        }
+    }
+}
+
+/// `|conn| call` as a pool statement for [`LockTable::run`]: `conn` is the checked-out
+/// connection (`&mut DB::Connection`), marked answered once `call` answered.
+macro_rules! pooled {
+    (|$conn:ident| $call:expr) => {
+        |mut checkout: Checkout<DB>| async move {
+            let $conn = &mut *checkout;
+            let outcome = $call.await;
+            checkout.answered(outcome)
+        }
+    };
+}
+
+/// Counts a checkout in [`LockTable::testing`] while it lives.
+struct Testing<'a>(&'a AtomicU32);
+
+impl<'a> Testing<'a> {
+    fn new(count: &'a AtomicU32) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Testing(count)
+    }
+}
+
+impl Drop for Testing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The payload of the I/O error a checkout that timed out is reported as, so that
+/// [`LockTable::error_from`] can say why.
+/// `open`: the pool's open connections when the checkout started (a connection that did
+/// not answer is closed when the checkout gives up, so the count after says less).
+#[derive(Debug)]
+struct PoolWait {
+    cause: PoolTimeoutCause,
+    open: u32,
+}
+
+impl std::fmt::Display for PoolWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no pooled connection in time ({:?})", self.cause)
+    }
+}
+
+impl std::error::Error for PoolWait {}
 
 /// The lease engine's own connection. Its mutex is held for one statement at a time, and
 /// the connection is taken out of the slot while a statement runs on it: a statement
@@ -125,7 +233,23 @@ pub(crate) enum Via {
 /// statement changed nothing), up to [`DEADLOCK_RETRIES`] times. Written as a macro, not a
 /// generic function: the statement's future borrows the connection, which a closure
 /// passed to a generic function could not express without losing the future's `Send`.
+///
+/// The whole (the wait for the lane, opening it, the statement) is bounded by the
+/// statement timeout: a statement abandoned there drops the connection it took out of the
+/// slot, and the next one opens a fresh lane.
 macro_rules! on_lane {
+    ($table:expr, |$conn:ident| $call:expr) => {{
+        let table = $table;
+        let until = Instant::now() + table.statement_timeout;
+        let lane = async { on_lane_unbounded!(table, |$conn| $call) };
+        tokio::time::timeout_at(until, lane)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(NO_ANSWER)))
+    }};
+}
+
+/// [`on_lane!`] without its bound in time.
+macro_rules! on_lane_unbounded {
     ($table:expr, |$conn:ident| $call:expr) => {{
         let table = $table;
         let mut slot = table.lane.slot.lock().await;
@@ -164,6 +288,15 @@ macro_rules! on_lane {
     }};
 }
 
+/// The least time a release, handoff or extension is given, even when sent at (or past)
+/// its lease's deadline: a release of a lease that just ran out still deletes its row and
+/// says so.
+const LEAST_TRY: Duration = Duration::from_secs(1);
+
+/// What a statement that got no answer by its bound fails with (an I/O error: retryable,
+/// and for the lease engine "unreachable").
+const NO_ANSWER: &str = "timed out: no answer from the database within the statement's bound";
+
 impl<DB: Backend> LockTable<DB> {
     /// The table `name` (validated) on `pool`, logged or not as `durability` says.
     pub(crate) fn new(
@@ -182,11 +315,29 @@ impl<DB: Backend> LockTable<DB> {
             keep_alive: tokio::sync::Mutex::new(None),
             certified: tokio::sync::OnceCell::new(),
             upsert_returns: tokio::sync::OnceCell::new(),
+            statement_timeout: crate::config::DEFAULT_STATEMENT_TIMEOUT,
+            testing: AtomicU32::new(0),
             lane: Lane {
                 slot: tokio::sync::Mutex::new(None),
                 refused: AtomicBool::new(false),
             },
         }
+    }
+
+    /// The same table with `bound` as its statement timeout.
+    pub(crate) fn with_statement_timeout(mut self, bound: Duration) -> Self {
+        self.statement_timeout = bound;
+        self
+    }
+
+    /// The bound on statements that no lease or wait bounds.
+    pub(crate) fn statement_timeout(&self) -> Duration {
+        self.statement_timeout
+    }
+
+    /// The deadline of such a statement sent now.
+    fn bounded(&self) -> Instant {
+        Instant::now() + self.statement_timeout
     }
 
     /// Opens the lane: takes an idle connection of the pool if there is one nobody waits
@@ -196,16 +347,30 @@ impl<DB: Backend> LockTable<DB> {
     async fn open_lane(&self) -> Result<DB::Connection, sqlx::Error> {
         if let Some(idle) = self.pool.try_acquire() {
             self.lane.refused.store(false, Ordering::Relaxed);
-            return Ok(idle.detach());
+            let mut conn = idle.detach();
+            self.bound_lane(&mut conn).await;
+            return Ok(conn);
         }
         let options = self.pool.connect_options();
-        let opened = sqlx::ConnectOptions::connect(&*options).await;
+        let mut opened = sqlx::ConnectOptions::connect(&*options).await;
+        if let Ok(conn) = &mut opened {
+            self.bound_lane(conn).await;
+        }
         let refused = matches!(opened, Err(sqlx::Error::Database(_)));
         self.lane.refused.store(refused, Ordering::Relaxed);
         if let Err(err) = &opened {
             tracing::debug!(table = %self.name, error = %err, "could not open the lease engine's connection");
         }
         opened
+    }
+
+    /// Bounds the lane on the server's side ([`LockSql::bound_session`]), at the statement
+    /// timeout: its statements are bounded by it on this side too, and a session left
+    /// half-open by a dead network must not keep row locks for hours. Best effort.
+    async fn bound_lane(&self, conn: &mut DB::Connection) {
+        if let Err(err) = DB::bound_session(conn, self.statement_timeout).await {
+            tracing::debug!(table = %self.name, error = %err, "could not bound the lease engine's session on the server");
+        }
     }
 
     /// Opens the engine's connection ahead of its first statement if it is not open yet
@@ -253,38 +418,113 @@ impl<DB: Backend> LockTable<DB> {
                 source: err,
             },
             err if DB::is_pooler_mixup(&err) => Error::PoolerMixesSessions { source: err },
-            sqlx::Error::PoolTimedOut => Error::PoolTimeout {
-                open_connections: self.pool.size(),
-                max_connections: self.pool.options().get_max_connections(),
-            },
+            sqlx::Error::PoolTimedOut => self.pool_timeout(self.pool_wait_cause(false)),
+            sqlx::Error::Io(ref io)
+                if let Some(wait) = io
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<PoolWait>()) =>
+            {
+                let mut error = self.pool_timeout(wait.cause);
+                if let Error::PoolTimeout {
+                    open_connections, ..
+                } = &mut error
+                {
+                    *open_connections = (*open_connections).max(wait.open);
+                }
+                error
+            }
             err => Error::Database(err),
+        }
+    }
+
+    fn pool_timeout(&self, cause: PoolTimeoutCause) -> Error {
+        Error::PoolTimeout {
+            open_connections: self.pool.size(),
+            max_connections: self.pool.options().get_max_connections(),
+            cause,
+        }
+    }
+
+    /// Why a checkout timed out: `free` says whether the pool had an idle connection or
+    /// room for a new one when it started (so it waited for a ping or a handshake, not
+    /// for another caller to give one back); another such checkout of this table still
+    /// under way says the same of the pool's connections.
+    fn pool_wait_cause(&self, free: bool) -> PoolTimeoutCause {
+        if free || self.testing.load(Ordering::Relaxed) > 0 {
+            PoolTimeoutCause::Unanswered
+        } else {
+            PoolTimeoutCause::AllInUse
+        }
+    }
+
+    /// A connection of the pool by `until`, behind the SQLite write gate's read side when
+    /// there is one (held by the caller with the checkout).
+    async fn checkout(
+        &self,
+        until: Instant,
+    ) -> Result<(Checkout<DB>, Option<tokio::sync::RwLockReadGuard<'_, ()>>), sqlx::Error> {
+        let max = self.pool.options().get_max_connections();
+        let open = self.pool.size();
+        let free = self.pool.num_idle() > 0 || open < max;
+        let _testing = free.then(|| Testing::new(&self.testing));
+        // Boxed: sqlx's futures are large (a checkout alone is about 8.6 KB), and each
+        // layer above that holds one by value copies it on every move: unboxed, those
+        // copies were most of a cycle's instructions (bench/RESULTS.md, "Figures behind
+        // choices in the code").
+        let checkout = Box::pin(async {
+            // Behind the lease engine's statement, if it waits for the gate (SQLite).
+            let gate = match &self.gate {
+                Some(gate) => Some(gate.read().await),
+                None => None,
+            };
+            self.pool.acquire().await.map(|conn| (conn, gate))
+        });
+        match tokio::time::timeout_at(until, checkout).await {
+            Ok(Ok((conn, gate))) => Ok((
+                Checkout {
+                    conn: Some(conn),
+                    answered: false,
+                },
+                gate,
+            )),
+            Ok(Err(sqlx::Error::PoolTimedOut)) | Err(_) => {
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    PoolWait {
+                        cause: self.pool_wait_cause(free),
+                        open,
+                    },
+                )))
+            }
+            Ok(Err(err)) => Err(err),
         }
     }
 
     /// Runs one dialect call on a pooled connection through [`retry`], again on a fresh
     /// checkout when the database rolled it back as a deadlock victim (such a statement
-    /// changed nothing), up to [`DEADLOCK_RETRIES`] times.
-    async fn run_raw<T, F>(&self, call: impl Fn(PoolConnection<DB>) -> F) -> Result<T, sqlx::Error>
+    /// changed nothing), up to [`DEADLOCK_RETRIES`] times. Each try (checkout and
+    /// statement) gives up at `until`: a statement abandoned there closes its connection
+    /// (see [`Checkout`]).
+    async fn run_raw<T, F>(
+        &self,
+        until: Instant,
+        call: impl Fn(Checkout<DB>) -> F,
+    ) -> Result<T, sqlx::Error>
     where
         F: Future<Output = Result<T, sqlx::Error>>,
     {
-        // The count, not time, bounds deadlock retries.
-        let far = Instant::now() + Duration::from_secs(60);
-        retry(&self.retry, far, |tries| {
-            // Boxed, as is the statement below: sqlx's futures are large (a checkout
-            // alone is about 8.6 KB), and each layer above that holds one by value
-            // copies it on every move: unboxed, those copies were most of a cycle's
-            // instructions (bench/RESULTS.md, "Figures behind choices in the code").
-            let checkout = Box::pin(self.pool.acquire());
+        // The count, not time, bounds deadlock retries; `until` bounds each try.
+        retry(&self.retry, until, |tries| {
+            // Boxed, as is the statement below (see `checkout`).
+            let checkout = Box::pin(self.checkout(until));
             let call = &call;
             async move {
-                // Behind the lease engine's statement, if it waits for the gate (SQLite).
-                let _gate = match &self.gate {
-                    Some(gate) => Some(gate.read().await),
-                    None => None,
-                };
-                let conn = checkout.await.map_err(Retry::Stop)?;
-                match Box::pin(call(conn)).await {
+                let (conn, _gate) = checkout.await.map_err(Retry::Stop)?;
+                let statement = tokio::time::timeout_at(until, Box::pin(call(conn)));
+                let outcome = statement
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out(NO_ANSWER)));
+                match outcome {
                     Err(err)
                         if DB::contention(&err) == Contention::Deadlock
                             && tries <= DEADLOCK_RETRIES =>
@@ -300,26 +540,42 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// [`run_raw`](Self::run_raw), its error explained.
-    async fn run<T, F>(&self, call: impl Fn(PoolConnection<DB>) -> F) -> Result<T>
+    async fn run<T, F>(&self, until: Instant, call: impl Fn(Checkout<DB>) -> F) -> Result<T>
     where
         F: Future<Output = Result<T, sqlx::Error>>,
     {
-        self.run_raw(call).await.map_err(|err| self.error_from(err))
+        self.run_raw(until, call)
+            .await
+            .map_err(|err| self.error_from(err))
     }
 
     /// One acquisition attempt: insert, or take over an expired row. `Ok(None)` when the
     /// key is held, or another session got in the way (the race was lost).
+    ///
+    /// Bounded by `until`, the attempt's deadline, twice: the checkout and the statement
+    /// are abandoned there (at least [`LEAST_TRY`] after the send; the connection is
+    /// closed), and the statement carries what is left until then into the server
+    /// ([`LockSql::acquire`]'s `wait`), so that it cannot wait for a row or advisory lock
+    /// past it and commit for an owner nobody uses.
     pub(crate) async fn acquire(
         &self,
         key: &str,
         owner: &str,
         lease: Duration,
+        until: Instant,
     ) -> Result<Option<Acquired>> {
+        // At least `LEAST_TRY` on this side (a lease of a few milliseconds could not even
+        // be checked out for); the server's wait is bounded by `until` itself.
+        let bound = until.max(Instant::now() + LEAST_TRY);
         let won = self
-            .run_raw(|mut conn| async move {
-                let returns = self.upsert_returns_on(&mut conn).await?;
-                DB::acquire(&mut conn, &self.sql, key, owner, micros(lease), returns).await
-            })
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let wait = until.saturating_duration_since(Instant::now());
+                    DB::acquire(conn, &self.sql, key, owner, micros(lease), wait, returns).await
+                }),
+            )
             .await;
         match won {
             Err(err) if DB::contention(&err) != Contention::Failure => {
@@ -334,37 +590,47 @@ impl<DB: Backend> LockTable<DB> {
     /// in one transaction: the acquisition statement of each key in order, rolled back at
     /// the first key held by another owner. Taking keys in one order everywhere means two
     /// such transactions never wait for each other in a circle. `Ok(None)` when a key is
-    /// held or another session got in the way.
+    /// held or another session got in the way. Bounded by `until` as
+    /// [`acquire`](Self::acquire) is.
     pub(crate) async fn acquire_all(
         &self,
         keys: &[String],
         owner: &str,
         lease: Duration,
+        until: Instant,
     ) -> Result<Option<Vec<Acquired>>> {
+        // At least `LEAST_TRY` on this side (a lease of a few milliseconds could not even
+        // be checked out for); the server's wait is bounded by `until` itself.
+        let bound = until.max(Instant::now() + LEAST_TRY);
         let won = self
-            .run_raw(|mut conn| async move {
-                let returns = self.upsert_returns_on(&mut conn).await?;
-                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                let taken = take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, returns).await;
-                // Ended here, whatever happened: a transaction only dropped is rolled back
-                // when its connection is next used, and until then (idle in the pool) it
-                // keeps the row locks it took, which every other acquisition of those keys
-                // waits for.
-                match taken {
-                    Ok(Some(won)) => {
-                        tx.commit().await?;
-                        Ok(Some(won))
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let taken =
+                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, returns)
+                            .await;
+                    // Ended here, whatever happened: a transaction only dropped is rolled back
+                    // when its connection is next used, and until then (idle in the pool) it
+                    // keeps the row locks it took, which every other acquisition of those keys
+                    // waits for.
+                    match taken {
+                        Ok(Some(won)) => {
+                            tx.commit().await?;
+                            Ok(Some(won))
+                        }
+                        Ok(None) => {
+                            tx.rollback().await?;
+                            Ok(None)
+                        }
+                        Err(err) => {
+                            tx.rollback().await.ok();
+                            Err(err)
+                        }
                     }
-                    Ok(None) => {
-                        tx.rollback().await?;
-                        Ok(None)
-                    }
-                    Err(err) => {
-                        tx.rollback().await.ok();
-                        Err(err)
-                    }
-                }
-            })
+                }),
+            )
             .await;
         match won {
             Err(err) if DB::contention(&err) != Contention::Failure => {
@@ -376,7 +642,8 @@ impl<DB: Backend> LockTable<DB> {
     }
 
     /// A read-write lock's reader: [`acquire`](Self::acquire) of `key`, ordered with the
-    /// write transactions of the grant `grant` ([`LockSql::acquire_read`]).
+    /// write transactions of the grant `grant` ([`LockSql::acquire_read`]). Bounded by
+    /// `until` as `acquire` is.
     ///
     /// [`LockSql::acquire_read`]: crate::dialect::LockSql::acquire_read
     pub(crate) async fn acquire_read(
@@ -385,13 +652,19 @@ impl<DB: Backend> LockTable<DB> {
         grant: &str,
         owner: &str,
         lease: Duration,
+        until: Instant,
     ) -> Result<Option<Acquired>> {
+        let bound = until.max(Instant::now() + LEAST_TRY);
         let won = self
-            .run_raw(|mut conn| async move {
-                let returns = self.upsert_returns_on(&mut conn).await?;
-                let lease = micros(lease);
-                DB::acquire_read(&mut conn, &self.sql, key, grant, owner, lease, returns).await
-            })
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let wait = until.saturating_duration_since(Instant::now());
+                    let lease = micros(lease);
+                    DB::acquire_read(conn, &self.sql, key, grant, owner, lease, wait, returns).await
+                }),
+            )
             .await;
         match won {
             Err(err) if DB::contention(&err) != Contention::Failure => {
@@ -405,48 +678,57 @@ impl<DB: Backend> LockTable<DB> {
     /// A read-write lock's write in one transaction, one commit: the writer's row and the
     /// grant's (`keys`, in that order, which is byte order), then a look for a live reader
     /// (a row whose key starts with `readers`); committed only when both rows were won and
-    /// no reader holds, rolled back otherwise.
+    /// no reader holds, rolled back otherwise. Bounded by `until` as
+    /// [`acquire`](Self::acquire) is.
     pub(crate) async fn acquire_write(
         &self,
         keys: &[String],
         readers: &str,
         owner: &str,
         lease: Duration,
+        until: Instant,
     ) -> Result<WriteTake> {
         let readers_end = prefix_end(readers).unwrap_or_default();
         let readers = (readers, readers_end.as_str());
+        let bound = until.max(Instant::now() + LEAST_TRY);
         let won = self
-            .run_raw(|mut conn| async move {
-                let returns = self.upsert_returns_on(&mut conn).await?;
-                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-                let taken = take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, returns).await;
-                let taken = match taken {
-                    Ok(Some(won)) => {
-                        match DB::live_member(&mut tx, &self.sql, readers.0, readers.1).await {
-                            Ok(false) => Ok(WriteTake::Won(won)),
-                            Ok(true) => Ok(WriteTake::Read),
-                            Err(err) => Err(err),
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let taken =
+                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, returns)
+                            .await;
+                    let taken = match taken {
+                        Ok(Some(won)) => {
+                            let (from, to) = readers;
+                            match DB::live_member(&mut tx, &self.sql, from, to).await {
+                                Ok(false) => Ok(WriteTake::Won(won)),
+                                Ok(true) => Ok(WriteTake::Read),
+                                Err(err) => Err(err),
+                            }
+                        }
+                        Ok(None) => Ok(WriteTake::Held),
+                        Err(err) => Err(err),
+                    };
+                    // Ended here, whatever happened, as in `acquire_all`.
+                    match taken {
+                        Ok(WriteTake::Won(won)) => {
+                            tx.commit().await?;
+                            Ok(WriteTake::Won(won))
+                        }
+                        Ok(refused) => {
+                            tx.rollback().await?;
+                            Ok(refused)
+                        }
+                        Err(err) => {
+                            tx.rollback().await.ok();
+                            Err(err)
                         }
                     }
-                    Ok(None) => Ok(WriteTake::Held),
-                    Err(err) => Err(err),
-                };
-                // Ended here, whatever happened, as in `acquire_all`.
-                match taken {
-                    Ok(WriteTake::Won(won)) => {
-                        tx.commit().await?;
-                        Ok(WriteTake::Won(won))
-                    }
-                    Ok(refused) => {
-                        tx.rollback().await?;
-                        Ok(refused)
-                    }
-                    Err(err) => {
-                        tx.rollback().await.ok();
-                        Err(err)
-                    }
-                }
-            })
+                }),
+            )
             .await;
         match won {
             Err(err) if DB::contention(&err) != Contention::Failure => {
@@ -466,15 +748,18 @@ impl<DB: Backend> LockTable<DB> {
         ids: &[LockId<'_>],
         until: Instant,
     ) -> Result<Vec<ReleasedRow>> {
-        self.contended_until(until, |mut conn| async move {
-            match ids {
-                [a, b] => {
-                    let returns = self.upsert_returns_on(&mut conn).await?;
-                    DB::release_pair(&mut conn, &self.sql, [*a, *b], returns).await
+        self.contended_until(
+            until,
+            pooled!(|conn| async {
+                match ids {
+                    [a, b] => {
+                        let returns = self.upsert_returns_on(&mut *conn).await?;
+                        DB::release_pair(conn, &self.sql, [*a, *b], returns).await
+                    }
+                    _ => DB::release_batch(conn, &self.sql, ids).await,
                 }
-                _ => DB::release_batch(&mut conn, &self.sql, ids).await,
-            }
-        })
+            }),
+        )
         .await
     }
 
@@ -483,10 +768,8 @@ impl<DB: Backend> LockTable<DB> {
     /// Sent again, until `until`, while another session is in the way (busy, a lock wait:
     /// nothing was deleted, and the checked DELETE is safe to repeat).
     pub(crate) async fn release(&self, id: LockId<'_>, until: Instant) -> Result<Option<bool>> {
-        self.contended_until(until, |mut conn| async move {
-            DB::release(&mut conn, &self.sql, id).await
-        })
-        .await
+        self.contended_until(until, pooled!(|conn| DB::release(conn, &self.sql, id)))
+            .await
     }
 
     /// Whether a release may hand its row to a waiter in one statement
@@ -508,16 +791,24 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<HandOff> {
-        let handed = match self.hand_off_on_lane(from, to_owner, lease).await {
+        let handed = match self.hand_off_on_lane(from, to_owner, lease, until).await {
             Some(Ok(handed)) => handed,
             Some(Err(err)) if DB::contention(&err) == Contention::Failure => {
                 return Err(self.error_from(err));
             }
             // Another session in the way, or the lane busy or closed: the pool's way.
             Some(Err(_)) | None => {
-                self.contended_until(until, |mut conn| async move {
-                    DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease)).await
-                })
+                self.contended_until(
+                    until,
+                    pooled!(|conn| DB::hand_off(
+                        conn,
+                        &self.sql,
+                        from,
+                        to_owner,
+                        micros(lease),
+                        until.saturating_duration_since(Instant::now())
+                    )),
+                )
                 .await?
             }
         };
@@ -545,6 +836,7 @@ impl<DB: Backend> LockTable<DB> {
         from: LockId<'_>,
         to_owner: &str,
         lease: Duration,
+        until: Instant,
     ) -> Option<Result<Option<HandOff>, sqlx::Error>> {
         // SQLite's write gate orders the lane's statements; SQLite has no handoff anyway.
         if self.gate.is_some() {
@@ -552,7 +844,13 @@ impl<DB: Backend> LockTable<DB> {
         }
         let mut slot = self.lane.slot.try_lock().ok()?;
         let mut conn = slot.take()?;
-        let outcome = DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease)).await;
+        let until = until.max(Instant::now() + LEAST_TRY);
+        let wait = until.saturating_duration_since(Instant::now());
+        let statement = DB::hand_off(&mut conn, &self.sql, from, to_owner, micros(lease), wait);
+        // Abandoned at `until`, the connection with it (it is out of the slot).
+        let outcome = tokio::time::timeout_at(until, statement)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(NO_ANSWER)));
         // As `on_lane!`: a database's error answer leaves the connection usable.
         if !matches!(outcome, Err(ref err) if !matches!(err, sqlx::Error::Database(_))) {
             *slot = Some(conn);
@@ -565,14 +863,15 @@ impl<DB: Backend> LockTable<DB> {
     async fn contended_until<T, F>(
         &self,
         until: Instant,
-        call: impl Fn(PoolConnection<DB>) -> F,
+        call: impl Fn(Checkout<DB>) -> F,
     ) -> Result<T>
     where
         F: Future<Output = Result<T, sqlx::Error>>,
     {
         let call = &call;
         retry(&self.retry, until, |_| async move {
-            match self.run_raw(call).await {
+            let bound = until.max(Instant::now() + LEAST_TRY);
+            match self.run_raw(bound, call).await {
                 Err(err) if DB::contention(&err) == Contention::LostRace => Err(Retry::Again(err)),
                 outcome => outcome.map_err(Retry::Stop),
             }
@@ -614,25 +913,34 @@ impl<DB: Backend> LockTable<DB> {
         }
     }
 
-    /// Owner- and token-checked extension of a live lease; the new expiry.
+    /// Owner- and token-checked extension of a live lease; the new expiry. Abandoned at
+    /// `until` (the lease's deadline: an answer after it extends nothing we can use).
     pub(crate) async fn extend(
         &self,
         id: LockId<'_>,
         lease: Duration,
+        until: Instant,
     ) -> Result<Option<DateTime<Utc>>> {
+        let until = until.max(Instant::now() + LEAST_TRY);
         self.run(
-            |mut conn| async move { DB::extend(&mut conn, &self.sql, id, micros(lease)).await },
+            until,
+            pooled!(|conn| DB::extend(conn, &self.sql, id, micros(lease))),
         )
         .await
     }
 
-    /// Renews a batch in chunks of [`RENEW_CHUNK`], on the engine's connection; returns
-    /// the state of every row of the batch's keys that exists.
-    pub(crate) async fn renew(&self, batch: &[Renewal<'_>]) -> Result<Vec<RowState>> {
+    /// Renews a batch in chunks of [`RENEW_CHUNK`], on the engine's connection, waiting
+    /// for rows locked by other transactions as `wait` says; returns the state of every
+    /// row of the batch's keys that exists.
+    pub(crate) async fn renew(
+        &self,
+        batch: &[Renewal<'_>],
+        wait: RenewWait,
+    ) -> Result<Vec<RowState>> {
         let mut rows = Vec::with_capacity(batch.len());
         for chunk in batch.chunks(RENEW_CHUNK) {
             let renewed: Result<_, sqlx::Error> =
-                on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk));
+                on_lane!(self, |conn| DB::renew(conn, &self.sql, chunk, wait));
             rows.extend(renewed.map_err(|err| self.error_from(err))?);
         }
         Ok(rows)
@@ -653,14 +961,17 @@ impl<DB: Backend> LockTable<DB> {
 
     /// The database clock now: what every expiry is measured against.
     pub(crate) async fn clock(&self) -> Result<DateTime<Utc>> {
-        self.run(|mut conn| async move { DB::clock(&mut conn, &self.sql).await })
+        self.run(self.bounded(), pooled!(|conn| DB::clock(conn, &self.sql)))
             .await
     }
 
     /// Who holds `key`, by the database clock.
     pub(crate) async fn inspect(&self, key: &str) -> Result<Option<Inspected>> {
-        self.run(|mut conn| async move { DB::inspect(&mut conn, &self.sql, key).await })
-            .await
+        self.run(
+            self.bounded(),
+            pooled!(|conn| DB::inspect(conn, &self.sql, key)),
+        )
+        .await
     }
 
     /// Rows whose key starts with `prefix`, in key order (bytes), at most `limit`, of
@@ -681,14 +992,20 @@ impl<DB: Backend> LockTable<DB> {
             expired,
             limit: i64::from(limit),
         };
-        self.run(|mut conn| async move { DB::list(&mut conn, &self.sql, query).await })
-            .await
+        self.run(
+            self.bounded(),
+            pooled!(|conn| DB::list(conn, &self.sql, query)),
+        )
+        .await
     }
 
     /// Deletes the row of `key`, whoever holds it; whether there was one.
     pub(crate) async fn force_release(&self, key: &str) -> Result<bool> {
-        self.run(|mut conn| async move { DB::force_release(&mut conn, &self.sql, key).await })
-            .await
+        self.run(
+            self.bounded(),
+            pooled!(|conn| DB::force_release(conn, &self.sql, key)),
+        )
+        .await
     }
 
     /// Lets our live row end `min_hold` after its acquisition (database clock) instead of
@@ -700,9 +1017,10 @@ impl<DB: Backend> LockTable<DB> {
         min_hold: Duration,
         until: Instant,
     ) -> Result<bool> {
-        self.contended_until(until, |mut conn| async move {
-            DB::keep_min_hold(&mut conn, &self.sql, id, micros(min_hold)).await
-        })
+        self.contended_until(
+            until,
+            pooled!(|conn| DB::keep_min_hold(conn, &self.sql, id, micros(min_hold))),
+        )
         .await
     }
 
@@ -711,7 +1029,10 @@ impl<DB: Backend> LockTable<DB> {
     /// the key has no row.
     pub(crate) async fn note_waiter(&self, key: &str) -> Result<Option<Duration>> {
         let left = self
-            .run(|mut conn| async move { DB::note_waiter(&mut conn, &self.sql, key).await })
+            .run(
+                self.bounded(),
+                pooled!(|conn| DB::note_waiter(conn, &self.sql, key)),
+            )
             .await?;
         Ok(left.map(|micros| Duration::from_micros(u64::try_from(micros).unwrap_or(0))))
     }
@@ -727,8 +1048,11 @@ impl<DB: Backend> LockTable<DB> {
         if !DB::MAY_CERTIFY_WRITES {
             return Ok(false);
         }
-        self.run(|mut conn| async move { self.certifies_writes_on(&mut conn).await })
-            .await
+        self.run(
+            self.bounded(),
+            pooled!(|conn| self.certifies_writes_on(conn)),
+        )
+        .await
     }
 
     /// [`certifies_writes`](Self::certifies_writes), asked on `conn` unless known.
@@ -765,9 +1089,10 @@ impl<DB: Backend> LockTable<DB> {
 
     /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.
     pub(crate) async fn take_ticket(&self, key: &str, lease: Duration) -> Result<i64> {
-        self.run(|mut conn| async move {
-            DB::take_ticket(&mut conn, &self.sql, key, micros(lease)).await
-        })
+        self.run(
+            self.bounded(),
+            pooled!(|conn| DB::take_ticket(conn, &self.sql, key, micros(lease))),
+        )
         .await
     }
 
@@ -776,7 +1101,8 @@ impl<DB: Backend> LockTable<DB> {
     pub(crate) async fn earlier_ticket(&self, key: &str, ticket: Option<i64>) -> Result<bool> {
         let ticket = ticket.unwrap_or(i64::MAX);
         self.run(
-            |mut conn| async move { DB::earlier_ticket(&mut conn, &self.sql, key, ticket).await },
+            self.bounded(),
+            pooled!(|conn| DB::earlier_ticket(conn, &self.sql, key, ticket)),
         )
         .await
     }
@@ -796,7 +1122,8 @@ impl<DB: Backend> LockTable<DB> {
         match via {
             Via::Pool => {
                 self.run(
-                    |mut conn| async move { DB::drop_tickets(&mut conn, &self.sql, tickets).await },
+                    self.bounded(),
+                    pooled!(|conn| DB::drop_tickets(conn, &self.sql, tickets)),
                 )
                 .await
             }
@@ -812,8 +1139,11 @@ impl<DB: Backend> LockTable<DB> {
     pub(crate) async fn purge_tickets(&self, via: Via) -> Result<u64> {
         match via {
             Via::Pool => {
-                self.run(|mut conn| async move { DB::purge_tickets(&mut conn, &self.sql).await })
-                    .await
+                self.run(
+                    self.bounded(),
+                    pooled!(|conn| DB::purge_tickets(conn, &self.sql)),
+                )
+                .await
             }
             Via::Engine => {
                 let purged: Result<_, sqlx::Error> =
@@ -854,7 +1184,8 @@ impl<DB: Backend> LockTable<DB> {
     /// Deletes at most `batch` expired rows.
     pub(crate) async fn reap_batch(&self, batch: u32) -> Result<u64> {
         self.run(
-            |mut conn| async move { DB::reap_batch(&mut conn, &self.sql, i64::from(batch)).await },
+            self.bounded(),
+            pooled!(|conn| DB::reap_batch(conn, &self.sql, i64::from(batch))),
         )
         .await
     }
@@ -870,7 +1201,7 @@ impl<DB: Backend> LockTable<DB> {
                 owner,
                 fencing_token: row.fencing_token,
             };
-            self.release(id, Instant::now()).await?;
+            self.release(id, self.bounded()).await?;
         }
         Ok(())
     }
@@ -883,7 +1214,17 @@ impl<DB: Backend> LockTable<DB> {
     /// Creates or upgrades the table (refinery migrations). On a database that lives
     /// only as long as a connection to it (in-memory SQLite), first opens a connection of
     /// the table's own that keeps it alive for as long as this table object lives.
+    ///
+    /// Bounded by [`MIGRATION_TIMEOUT`](crate::config::MIGRATION_TIMEOUT), not by the
+    /// statement timeout: a migration may wait its turn behind another process's.
     pub(crate) async fn migrate(&self) -> Result<usize> {
+        let bound = crate::config::MIGRATION_TIMEOUT;
+        tokio::time::timeout(bound, self.migrate_unbounded())
+            .await
+            .unwrap_or_else(|_| Err(Error::Database(timed_out(NO_ANSWER))))
+    }
+
+    async fn migrate_unbounded(&self) -> Result<usize> {
         self.keep_alive().await?;
         let applied = crate::migrate::run(&self.pool, &self.name, self.durability)
             .await
@@ -900,8 +1241,11 @@ impl<DB: Backend> LockTable<DB> {
         }
         // A table of this name that existed before may lack columns no migration step
         // needed: say so now, not at the first acquisition.
-        self.run(|mut conn| async move { DB::check_shape(&mut conn, &self.name).await })
-            .await?;
+        self.run(
+            self.bounded(),
+            pooled!(|conn| DB::check_shape(conn, &self.name)),
+        )
+        .await?;
         Ok(applied)
     }
 
@@ -1062,7 +1406,7 @@ mod mysql_paths {
         );
         assert!(
             detected
-                .acquire("probe", "p", LEASE)
+                .acquire("probe", "p", LEASE, tokio::time::Instant::now() + LEASE)
                 .await
                 .unwrap()
                 .is_some()
@@ -1086,7 +1430,10 @@ mod mysql_paths {
 
             // A win: one INSERT, and a SELECT only without RETURNING.
             let before = counts(&pool).await;
-            let first = table.acquire(&key, "first", LEASE).await.unwrap();
+            let first = table
+                .acquire(&key, "first", LEASE, tokio::time::Instant::now() + LEASE)
+                .await
+                .unwrap();
             let first = first.expect("a free key is won");
             let after = counts(&pool).await;
             let selects = i64::from(!returning);
@@ -1100,7 +1447,7 @@ mod mysql_paths {
             let before = counts(&pool).await;
             assert!(
                 table
-                    .acquire(&key, "second", LEASE)
+                    .acquire(&key, "second", LEASE, tokio::time::Instant::now() + LEASE)
                     .await
                     .unwrap()
                     .is_none()
@@ -1119,7 +1466,19 @@ mod mysql_paths {
             expire(&pool, &name, &key).await;
             let takers = (0..8).map(|i| {
                 let (table, key) = (&table, &key);
-                async move { (i, table.acquire(key, &format!("taker-{i}"), LEASE).await) }
+                async move {
+                    (
+                        i,
+                        table
+                            .acquire(
+                                key,
+                                &format!("taker-{i}"),
+                                LEASE,
+                                tokio::time::Instant::now() + LEASE,
+                            )
+                            .await,
+                    )
+                }
             });
             let won: Vec<_> = futures::future::join_all(takers)
                 .await

@@ -33,6 +33,11 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 /// Pauses between tries to open the listener again: doubling from the first to the last.
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
+/// After this long without a notification the listener checks that its connection still
+/// answers (within the Locker's statement timeout), and is opened anew if it does not:
+/// a black-holed connection hears nothing and never fails by itself. Waiters poll
+/// meanwhile, as they always may.
+const LIVENESS_EVERY: Duration = Duration::from_secs(10);
 /// How many of this Locker's own releases are remembered, so that their notifications
 /// (which arrive after the local queue was already told) do not wake a waiter twice.
 const OWN_RELEASES: usize = 4096;
@@ -141,9 +146,18 @@ impl<DB: Backend> Wakeups<DB> {
                     // Releases before the listener was up went unheard: everyone looks.
                     queues.wake_all();
                     loop {
+                        // `next` may be dropped for the check: sqlx's receive is cancel
+                        // safe (it takes a message from its buffer only once whole).
                         let heard = tokio::select! {
                             _ = jobs.stopping() => return,
                             heard = releases.next() => heard,
+                            _ = sleep(LIVENESS_EVERY) => {
+                                let bound = Instant::now() + table.statement_timeout();
+                                match by_deadline(bound, releases.check()).await {
+                                    Ok(()) => continue,
+                                    Err(err) => Err(err),
+                                }
+                            }
                         };
                         match heard {
                             Ok(Some(released)) => {

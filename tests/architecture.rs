@@ -1,9 +1,11 @@
-//! The import graph of `src/`: no circle between modules and no module importing from a
-//! layer above its own (docs/architecture.md). It reads the sources, so it needs no
-//! server; `cargo test --test architecture -- --nocapture` prints the graph.
+//! The import graphs of `src/` and of the bench (`benches/compare`): no circle between
+//! modules and no module importing from a layer above its own (docs/architecture.md for
+//! `src/`, `benches/compare/main.rs` for the bench). It reads the sources, so it needs no
+//! server; `cargo test --test architecture -- --nocapture` prints the graphs.
 //!
-//! A module's files (`engine/renewal.rs` under `engine`) count as that module: a parent
-//! and its children are one unit. Imports are `crate::module` paths outside comments.
+//! In `src/`, a module's files (`engine/renewal.rs` under `engine`) count as that module:
+//! a parent and its children are one unit. Imports are `crate::module` paths outside
+//! comments. The bench is read file by file (`architecture/bench.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -102,7 +104,7 @@ fn imports_of(text: &str) -> BTreeSet<String> {
     found
 }
 
-fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
+fn import_graph() -> Graph {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
@@ -120,16 +122,68 @@ fn import_graph() -> BTreeMap<String, BTreeSet<String>> {
     graph
 }
 
-fn layer_of(module: &str) -> Option<usize> {
-    LAYERS
+type Layers = [(&'static str, &'static [&'static str])];
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+fn layer_of(layers: &Layers, module: &str) -> Option<usize> {
+    layers
         .iter()
         .position(|(_, modules)| modules.contains(&module))
 }
 
+/// The modules of `graph` that `layers` does not place.
+fn unplaced(graph: &Graph, layers: &Layers) -> Vec<String> {
+    graph
+        .keys()
+        .filter(|m| layer_of(layers, m).is_none())
+        .cloned()
+        .collect()
+}
+
+/// Every import of a module from a layer above its own (or from no layer at all), in
+/// words.
+fn upward_imports(graph: &Graph, layers: &Layers) -> Vec<String> {
+    let mut upward = Vec::new();
+    for (module, imports) in graph {
+        let Some(own) = layer_of(layers, module) else {
+            continue;
+        };
+        for imported in imports {
+            match layer_of(layers, imported) {
+                Some(theirs) if theirs < own => upward.push(format!(
+                    "{module} ({}) imports {imported} ({})",
+                    layers[own].0, layers[theirs].0
+                )),
+                Some(_) => {}
+                // src/: a re-export through lib.rs (`crate::Error`) instead of the
+                // defining module.
+                None => upward.push(format!("{module} imports {imported}, in no layer")),
+            }
+        }
+    }
+    upward
+}
+
+/// Every circle of `graph`, one per module on it, as the path that closes it.
+fn circles(graph: &Graph) -> Vec<String> {
+    graph
+        .keys()
+        .filter_map(|module| circle_from(graph, module))
+        .map(|path| path.join(" -> "))
+        .collect()
+}
+
+fn print_graph(graph: &Graph) {
+    for (module, imports) in graph {
+        println!("{module:>20} -> {}", imports.len());
+        println!("{:>20}    {imports:?}", "");
+    }
+}
+
 /// A circle through `start`, if there is one, as the path that closes it.
-fn circle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option<Vec<String>> {
+fn circle_from(graph: &Graph, start: &str) -> Option<Vec<String>> {
     fn walk(
-        graph: &BTreeMap<String, BTreeSet<String>>,
+        graph: &Graph,
         start: &str,
         path: &mut Vec<String>,
         seen: &mut BTreeSet<String>,
@@ -155,64 +209,64 @@ fn circle_from(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Optio
     walk(graph, start, &mut path, &mut seen).then_some(path)
 }
 
-#[test]
-fn every_module_has_a_layer() {
-    let graph = import_graph();
-    let unplaced: Vec<_> = graph.keys().filter(|m| layer_of(m).is_none()).collect();
+/// Fails unless `layers` places every module of `graph`; `list` names where they are
+/// listed.
+fn assert_placed(graph: &Graph, layers: &Layers, list: &str) {
+    let unplaced = unplaced(graph, layers);
     assert!(
         unplaced.is_empty(),
-        "modules missing from LAYERS (tests/architecture.rs) and docs/architecture.md: {unplaced:?}"
+        "modules missing from {list}: {unplaced:?}"
+    );
+}
+
+/// Prints `graph` (seen with `--nocapture`), then fails on any upward import.
+fn assert_no_upward_import(graph: &Graph, layers: &Layers) {
+    print_graph(graph);
+    let upward = upward_imports(graph, layers);
+    assert!(upward.is_empty(), "upward imports: {upward:#?}");
+}
+
+fn assert_no_circle(graph: &Graph) {
+    let circles = circles(graph);
+    assert!(circles.is_empty(), "import circles: {circles:#?}");
+}
+
+#[test]
+fn every_module_has_a_layer() {
+    assert_placed(
+        &import_graph(),
+        LAYERS,
+        "LAYERS (tests/architecture.rs) and docs/architecture.md",
     );
 }
 
 #[test]
 fn no_module_imports_from_a_layer_above_it() {
-    let graph = import_graph();
-    let mut upward = Vec::new();
-    for (module, imports) in &graph {
-        let Some(own) = layer_of(module) else {
-            continue;
-        };
-        for imported in imports {
-            match layer_of(imported) {
-                Some(theirs) if theirs < own => upward.push(format!(
-                    "{module} ({}) imports {imported} ({})",
-                    LAYERS[own].0, LAYERS[theirs].0
-                )),
-                Some(_) => {}
-                // A re-export through lib.rs (`crate::Error`) instead of the defining module.
-                None => upward.push(format!("{module} imports crate::{imported} via lib.rs")),
-            }
-        }
-    }
-    for (module, imports) in &graph {
-        println!("{module:>10} -> {}", Vec::from_iter(imports).len());
-        println!("{:>10}    {imports:?}", "");
-    }
-    assert!(upward.is_empty(), "upward imports: {upward:#?}");
+    assert_no_upward_import(&import_graph(), LAYERS);
 }
 
 #[test]
 fn no_import_circles() {
-    let graph = import_graph();
-    let circles: Vec<_> = graph
-        .keys()
-        .filter_map(|module| circle_from(&graph, module))
-        .map(|path| path.join(" -> "))
-        .collect();
-    assert!(circles.is_empty(), "import circles: {circles:#?}");
+    assert_no_circle(&import_graph());
 }
 
 #[test]
 fn the_checker_sees_a_circle_and_an_upward_import() {
     // The checks above must be able to fail: a made-up graph with both faults.
-    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut graph = Graph::new();
     graph.insert("acquire".into(), ["core".into()].into());
     graph.insert("core".into(), ["acquire".into(), "guard".into()].into());
-    assert!(circle_from(&graph, "acquire").is_some());
-    assert!(layer_of("guard") < layer_of("core"));
+    assert_eq!(circles(&graph).len(), 2);
+    assert_eq!(
+        upward_imports(&graph, LAYERS),
+        ["core (lock algorithm) imports guard (API)"]
+    );
     assert_eq!(
         imports_of("use crate::table::X;\n// crate::guard\n$crate::dialect::Y"),
         ["dialect".to_owned(), "table".to_owned()].into()
     );
 }
+
+// The bench's graph, read file by file.
+#[path = "architecture/bench.rs"]
+mod bench;

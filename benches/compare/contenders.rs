@@ -1,5 +1,6 @@
 //! The contenders of the uncontended cycle besides the hand-written ones: dblock itself,
-//! dblock's dialect layer alone (to split its overhead), and Redis.
+//! dblock's dialect layer alone (to split its overhead), and Redis; `Dblock` is the
+//! mutex of the reaper and primitives sections too.
 
 use dblock::internals::LockTable;
 use dblock::{Backend, LockId, Locker};
@@ -7,8 +8,12 @@ use futures::future::BoxFuture;
 use redis::aio::MultiplexedConnection;
 use sqlx::Pool;
 
-use crate::handwritten::{LEASE, new_owner};
-use crate::measure::{BoxError, Contender};
+use crate::handwritten::LEASE;
+use crate::measure::{BoxError, Contender, new_owner};
+
+/// dblock on a relaxed lock table (`Durability::Relaxed`, PostgreSQL's `UNLOGGED`): its
+/// name in section 1's comparisons and in cells 3.1 and 3.1b.
+pub const RELAXED: &str = "dblock relaxed (UNLOGGED)";
 
 /// dblock as an application uses it: `try_acquire` then `release` on the guard.
 pub struct Dblock<DB: Backend> {

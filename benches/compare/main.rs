@@ -4,31 +4,29 @@
 //! contenders in alternating rounds within one run, because figures on a small shared
 //! machine are not comparable across minutes. It writes `bench/RESULTS.md` and prints it.
 //!
-//! Modules: `settings` (flags), `measure` (samples, rounds, timed loads), `servers`
-//! (connections and the bench's own SQL), `handwritten` (the baselines), `contenders`
-//! (dblock, its dialect layer, Redis), one module per section (`cycle` for 1 and 2;
-//! `hotkey`, with `hotkey_tasks` for its contenders, `hotkey_contended` for its cells of
-//! 8 tasks through one Locker (quiet and CPU contended), `hotkey_queue` for their
-//! server-side queue and `hotkey_ceiling` for their in-process mutex, and `hotkey_procs`, `hotkey_pool` and
-//! `hotkey_fair` for its multi-process, pool and fair-mode cells; `stock`, `renewal`, `reaper`, `primitives`), `anatomy` (the
-//! old design's task pattern timed on its own), `heap` (a counting allocator), `trace` (keeps the engine's renewal
-//! failures), `report` (markdown).
+//! It reads one way down, as `src/` does (tests/architecture.rs checks it: no import
+//! circle, no module importing from a layer above its own):
+//!
+//! 1. this file: flags, servers, the sections in the report's order, the page;
+//! 2. one folder per section of the report: `cycle` (sections 1 and 2), `hotkey` (3),
+//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7); each folder's `mod.rs`
+//!    runs its cells in the report's order;
+//! 3. the cells, one file each (`hotkey/contended.rs` for cells 3.1 and 3.1b, ...), and
+//!    the contenders and helpers they are built from (`hotkey/queue.rs`, ...);
+//! 4. what a section's cells share (`cycle/comparison.rs`, `hotkey/round.rs`,
+//!    `hotkey/tasks.rs`);
+//! 5. what every section shares: `servers` (connections and the bench's own SQL, a file
+//!    per database), `handwritten` (the baselines), `contenders` (dblock, its dialect
+//!    layer, Redis), the stock example's workload;
+//! 6. leaves: `settings` (flags), `measure` (samples, rounds, timed loads), `report`
+//!    (markdown), `heap` (a counting allocator), `trace` (keeps the engine's renewal
+//!    failures).
 
-mod anatomy;
 mod contenders;
 mod cycle;
 mod handwritten;
 mod heap;
 mod hotkey;
-mod hotkey_ceiling;
-mod hotkey_contended;
-mod hotkey_fair;
-mod hotkey_load;
-mod hotkey_pool;
-mod hotkey_procs;
-mod hotkey_queue;
-mod hotkey_tasks;
-mod hotkey_thread;
 mod measure;
 mod primitives;
 mod reaper;
@@ -52,7 +50,7 @@ static ALLOCATOR: heap::Counting = heap::Counting;
 #[tokio::main]
 async fn main() {
     // A worker process of the hot-key section takes no flags: it runs its job and exits.
-    if hotkey_procs::worker_if_asked().await {
+    if hotkey::worker_if_asked().await {
         return;
     }
     let settings = Settings::from_env_and_args();
@@ -67,7 +65,7 @@ async fn main() {
 
     let pg = match &settings.postgres_url {
         None => None,
-        Some(url) => within(CONNECT_TIMEOUT, servers::postgres(url))
+        Some(url) => within(CONNECT_TIMEOUT, servers::postgres::connect(url))
             .await
             .map_err(|e| {
                 notes.push(format!(
@@ -78,7 +76,7 @@ async fn main() {
     };
     let my = match &settings.mysql_url {
         None => None,
-        Some(url) => within(CONNECT_TIMEOUT, servers::mysql(url))
+        Some(url) => within(CONNECT_TIMEOUT, servers::mysql::connect(url))
             .await
             .map_err(|e| {
                 notes.push(format!(

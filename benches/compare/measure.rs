@@ -14,6 +14,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
+/// A fresh owner value, made as dblock makes its own (32 hex digits of a v4 UUID); its
+/// first 8 digits also keep a run's keys apart from another run's.
+pub fn new_owner() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// Errors from any client (sqlx, redis, dblock) as the bench reports them.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -245,7 +251,7 @@ pub async fn interleaved(
     label: &str,
 ) -> Vec<Vec<Load>> {
     // Keys only need to be unique within a run (tables are fresh, Redis keys expire).
-    let run = crate::handwritten::new_owner()[..8].to_owned();
+    let run = new_owner()[..8].to_owned();
     for (i, c) in contenders.iter().enumerate() {
         let prefix = format!("{run}:w{i}:{tasks}");
         cycles(Arc::clone(c), tasks, prefix, Stop::after(warm_up)).await;

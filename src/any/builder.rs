@@ -89,6 +89,7 @@ pub struct AnyLockerBuilder {
     auto_renew: Option<bool>,
     listen: Option<bool>,
     fair: Option<bool>,
+    statement_timeout: Option<Duration>,
 }
 
 impl AnyLockerBuilder {
@@ -105,6 +106,7 @@ impl AnyLockerBuilder {
             auto_renew: None,
             listen: None,
             fair: None,
+            statement_timeout: None,
         }
     }
 
@@ -166,6 +168,12 @@ impl AnyLockerBuilder {
     /// [`LockerBuilder::fair`](crate::LockerBuilder::fair).
     pub fn fair(mut self, on: bool) -> Self {
         self.fair = Some(on);
+        self
+    }
+
+    /// [`LockerBuilder::statement_timeout`](crate::LockerBuilder::statement_timeout).
+    pub fn statement_timeout(mut self, bound: Duration) -> Self {
+        self.statement_timeout = Some(bound);
         self
     }
 
@@ -255,6 +263,9 @@ impl AnyLockerBuilder {
         }
         if let Some(on) = self.fair {
             builder = builder.fair(on);
+        }
+        if let Some(bound) = self.statement_timeout {
+            builder = builder.statement_timeout(bound);
         }
         builder.build()
     }

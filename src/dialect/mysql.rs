@@ -11,14 +11,19 @@
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
 //! in the OK packet: one statement, and the database's own arithmetic.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{MySql, MySqlConnection};
 
+use crate::config::micros;
+
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed, LockId,
-    LockSql, MigrateSql, NotifySql, ReleasedRow, Renewal, RowState, RowWait, Sql, TicketSql, TxSql,
-    audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after, sql,
+    LockSql, MigrateSql, NotifySql, ReleasedRow, RenewWait, Renewal, RowState, RowWait, Sql,
+    TicketSql, TxSql, audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after,
+    sql,
 };
 
 statements! { batch_sql;
@@ -28,6 +33,8 @@ statements! { batch_sql;
     release_live: RELEASE_LIVE,
     read_release_batch: READ_RELEASE_BATCH,
     read_batch: READ_BATCH,
+    renew_waiting: RENEW_WAITING,
+    probe_batch: PROBE_BATCH,
     live_tickets: LIVE_TICKETS,
     live_member: LIVE_MEMBER,
     release_pair: RELEASE_PAIR,
@@ -54,6 +61,43 @@ ON DUPLICATE KEY UPDATE
 // when it inserted or took over, the current holder's when the key was held (checked on
 // 10.11 and 11.8). So ACQUIRE with this tail is the whole attempt, in one round trip.
 const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
+
+/// The server-side bounds (`max_statement_time`, seconds as MariaDB writes them) an
+/// acquisition may carry, with their milliseconds. The bound is part of the statement's
+/// text (`SET STATEMENT` takes no parameter), and sqlx prepares and caches one
+/// statement per text on each connection, so the bound is one of these few values,
+/// rounded down from what is left until the attempt's deadline: a cache of a hundred
+/// statements never churns.
+const STATEMENT_BOUNDS: [(u128, &str); 15] = [
+    (1, "0.001"),
+    (10, "0.01"),
+    (50, "0.05"),
+    (100, "0.1"),
+    (250, "0.25"),
+    (500, "0.5"),
+    (1_000, "1"),
+    (2_000, "2"),
+    (5_000, "5"),
+    (10_000, "10"),
+    (30_000, "30"),
+    (60_000, "60"),
+    (300_000, "300"),
+    (3_600_000, "3600"),
+    (86_400_000, "86400"),
+];
+
+/// The largest of [`STATEMENT_BOUNDS`] within `wait` (the smallest when `wait` is below
+/// it: 0 would mean no bound).
+fn statement_bound(wait: std::time::Duration) -> &'static str {
+    let millis = wait.as_millis();
+    let mut bound = STATEMENT_BOUNDS[0].1;
+    for (at_least, text) in STATEMENT_BOUNDS {
+        if millis >= at_least {
+            bound = text;
+        }
+    }
+    bound
+}
 
 // MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
@@ -119,16 +163,57 @@ const BATCH: &str = "JSON_TABLE(?, '$[*]' COLUMNS (
 // renewed row ends at NOW(6) + its lease: the second assignment changes nothing and only
 // hands NOW(6) (microseconds since the epoch, session time zone UTC as sqlx sets it) to
 // the OK packet, as EXTEND does. When fewer rows matched than the batch asked for, a read
-// of the batch's rows follows on the same connection, in which a row that is still the
-// batch owner's and unexpired is one this UPDATE renewed (nothing else can make an
-// expired row live for that owner).
+// of the batch's rows follows on the same connection (READ_BATCH).
+//
+// It never waits for a row lock (RenewWait::Skip): a row another transaction holds (a
+// fenced transaction's `LOCK IN SHARE MODE`, kept for hours when its connection went
+// half-open) would hold up every lease of the batch, and the abandoned statement would
+// keep the rows it had updated locked on the server. UPDATE has no SKIP LOCKED, and a
+// locking derived table does not help (MariaDB 10.11 still waited on the locked row,
+// for an UPDATE joined with `(SELECT .. FOR UPDATE SKIP LOCKED)`), so the statement
+// fails at once instead: MariaDB waits `innodb_lock_wait_timeout = 0` (error 1205, the
+// statement rolled back, its locks given back); then the rows that can be locked now
+// are found (PROBE_BATCH) and renewed alone. MySQL 8 ignores the `/*M! .. */` text and
+// reads the hint instead: its lock waits are whole seconds, one at least. A multi-
+// statement transaction (lock, then update, then commit) was not taken: a connection
+// cut between its statements would leave the locks on the server until it noticed.
 const RENEW: &str = "\
-UPDATE {batch} JOIN {table} AS t ON t.lock_key = w.k
+/*M! SET STATEMENT innodb_lock_wait_timeout = 0 FOR */
+UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON t.lock_key = w.k
    SET t.expire_time = NOW(6) + INTERVAL w.micros MICROSECOND,
        t.acquired_at = IF(LAST_INSERT_ID(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', NOW(6))) > 0,
                           t.acquired_at, t.acquired_at)
  WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)";
 
+// RENEW for leases that were busy (RenewWait::Briefly): it may wait for a row lock, as
+// long as MariaDB's `max_statement_time` (100 ms; error 1969 after it, the statement
+// rolled back). Its batches are one lease each, so that bounds the wait. SYSDATE(6), not
+// NOW(6): NOW(6) is the statement's start, and an UPDATE that got its row after the
+// holder of the lock ended (the fenced session ended by its idle timeout) renewed a
+// lease that had run out while it waited; SYSDATE(6) is read when the row is checked,
+// after the wait. (Statement-based replication cannot replay SYSDATE: MIXED logs this
+// statement by row.) Only a lock obtained within the second parameter's microseconds of
+// the statement's start counts: what the lease has left before its deadline, at most
+// the wait (a renewal landing after the holder was told the lease is lost would keep the
+// key from everyone). Its answer is read back, not taken from the OK packet.
+const RENEW_WAITING: &str = "\
+/*M! SET STATEMENT max_statement_time = 0.1 FOR */
+UPDATE /*+ SET_VAR(innodb_lock_wait_timeout = 1) */ {batch} JOIN {table} AS t ON t.lock_key = w.k
+   SET t.expire_time = SYSDATE(6) + INTERVAL w.micros MICROSECOND
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > SYSDATE(6)
+   AND SYSDATE(6) < NOW(6) + INTERVAL ? MICROSECOND";
+
+// The batch's rows that are still ours, live, and not locked by anyone else right now.
+// Outside a transaction: the locks it takes go at its end, so nothing is held between
+// statements; a row locked by someone in between makes the renewal of that subset fail
+// at once as above (its leases are busy this time).
+const PROBE_BATCH: &str = "\
+SELECT t.lock_key FROM {batch} JOIN {table} AS t ON t.lock_key = w.k
+ WHERE t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6)
+   FOR UPDATE SKIP LOCKED";
+
+// Each row of the batch's keys, with whether it is the asking lease's and live (1 or 0).
+// A plain read: it waits for no lock.
 const READ_BATCH: &str = "\
 SELECT t.lock_key, t.lock_value, t.fencing_token, t.expire_time,
        CAST(t.lock_value = w.o AND t.fencing_token = w.tok AND t.expire_time > NOW(6) AS SIGNED)
@@ -234,6 +319,9 @@ const ER_BAD_FIELD_ERROR: u16 = 1054;
 const ER_LOCK_WAIT_TIMEOUT: u16 = 1205;
 const ER_LOCK_DEADLOCK: u16 = 1213;
 const ER_LOCK_NOWAIT: u16 = 3572;
+/// MariaDB: `max_statement_time` ran out (the statement was rolled back: it changed
+/// nothing). An acquisition's bound (`SET STATEMENT`), a renewal's, the engine session's.
+const ER_STATEMENT_TIMEOUT: u16 = 1969;
 /// ER_CHECKREAD, "Record has changed since last read": MariaDB 11.6+ (where
 /// `innodb_snapshot_isolation` is on by default) refuses a locking read or write in a
 /// REPEATABLE READ transaction of a row changed since its snapshot, and rolls the whole
@@ -249,8 +337,61 @@ fn error_number(err: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// A row of the batch read-back: key bytes, owner, token, expiry, renewed (0 or 1).
+/// A row of the batch read-back: key bytes, owner, token, expiry, the asking lease's and
+/// live (0 or 1).
 type BatchRow = (Vec<u8>, String, i64, DateTime<Utc>, i64);
+
+/// Sends a renewal UPDATE for the batch `json`; `None` when a row lock stopped it (it then
+/// changed nothing and holds nothing: the statement was rolled back).
+async fn update_batch(
+    conn: &mut MySqlConnection,
+    statement: &Sql,
+    json: &str,
+    budget_micros: Option<i64>,
+) -> Result<Option<sqlx::mysql::MySqlQueryResult>, sqlx::Error> {
+    let mut update = sqlx::query(audited(statement)).bind(json);
+    if let Some(budget) = budget_micros {
+        update = update.bind(budget);
+    }
+    match update.execute(conn).await {
+        Ok(done) => Ok(Some(done)),
+        Err(err)
+            if MySql::is_row_locked(&err) || error_number(&err) == Some(ER_STATEMENT_TIMEOUT) =>
+        {
+            Ok(None)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// After RENEW met a locked row: renews the leases of `batch` whose rows can be locked
+/// now, without waiting; the keys it asked for (none, if another row was locked in
+/// between: those leases are busy this time).
+async fn renew_free<'a>(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    batch: &[Renewal<'a>],
+) -> Result<HashSet<&'a str>, sqlx::Error> {
+    let json = batch_json(batch, serde_json::Value::from);
+    let free: Vec<Vec<u8>> = sqlx::query_scalar(audited(&sql.probe_batch))
+        .bind(&json)
+        .fetch_all(&mut *conn)
+        .await?;
+    let free: HashSet<&[u8]> = free.iter().map(Vec::as_slice).collect();
+    let subset: Vec<Renewal<'a>> = batch
+        .iter()
+        .filter(|r| free.contains(r.id.key.as_bytes()))
+        .copied()
+        .collect();
+    if subset.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let json = batch_json(&subset, serde_json::Value::from);
+    Ok(match update_batch(conn, &sql.renew, &json, None).await? {
+        Some(_) => subset.iter().map(|r| r.id.key).collect(),
+        None => HashSet::new(),
+    })
+}
 
 /// Splices the table name, and the batch's `JSON_TABLE` where a statement takes one.
 fn batch_sql(template: &str, table: &str) -> Sql {
@@ -305,21 +446,51 @@ fn token_counter(key: &str) -> u32 {
 }
 
 impl LockSql for MySql {
+    async fn bound_session(
+        conn: &mut MySqlConnection,
+        bound: std::time::Duration,
+    ) -> Result<(), sqlx::Error> {
+        // MariaDB: statements end at `bound`, and an open transaction idle that long is
+        // ended with its session (MySQL 8 has neither setting: an error, ignored).
+        // Whole seconds for the transaction (at least 1), microseconds for statements.
+        let set = format!(
+            "SET SESSION max_statement_time = {:.6}, idle_transaction_timeout = {}",
+            bound.as_secs_f64(),
+            bound.as_secs().max(1)
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
     async fn acquire(
         conn: &mut MySqlConnection,
         sql: &Statements,
         key: &str,
         owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
         upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         let row: Option<(String, i64, DateTime<Utc>)> = if upsert_returns {
+            // MariaDB (the only server that takes RETURNING here): the attempt's deadline
+            // travels with it as `max_statement_time` (checked on 10.11: it interrupts an
+            // InnoDB row-lock wait, error 1969, a lost race), so an abandoned attempt
+            // cannot commit after its caller gave up. MySQL 8 has no `SET STATEMENT`;
+            // there (and on Galera) only the client-side bound and the clean-up apply.
+            let bounded = format!(
+                "SET STATEMENT max_statement_time={} FOR {}",
+                statement_bound(wait),
+                sql.acquire_returning
+            );
             // Read to the end, not to the first row: the row comes before the statement
             // commits, and whatever follows it must be read now (a `fetch_optional` left
             // it for the connection's next user). Not used where a commit can be refused
             // after the row (Galera's certification: see LockTable::upsert_returns_on).
+            // The table name in it was validated (`audited`); the bound is one of a fixed set.
             let rows: Vec<(String, i64, DateTime<Utc>)> =
-                sqlx::query_as(audited(&sql.acquire_returning))
+                sqlx::query_as(sqlx::AssertSqlSafe(bounded))
                     .bind(key)
                     .bind(owner)
                     .bind(lease_micros)
@@ -419,38 +590,56 @@ impl LockSql for MySql {
         conn: &mut MySqlConnection,
         sql: &Statements,
         batch: &[Renewal<'_>],
+        wait: RenewWait,
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let json = batch_json(batch, serde_json::Value::from);
-        let done = sqlx::query(audited(&sql.renew))
-            .bind(&json)
-            .execute(&mut *conn)
-            .await?;
-        // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
-        // the batch was renewed when it equals the batch's size.
-        if done.rows_affected() == batch.len() as u64 {
-            let now = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
-            return Ok(batch
-                .iter()
-                .map(|r| RowState {
-                    key: r.id.key.to_owned(),
-                    owner: r.id.owner.to_owned(),
-                    fencing_token: r.id.fencing_token,
-                    expires_at: DateTime::from_timestamp_micros(now.saturating_add(r.lease_micros))
+        let (statement, budget) = match wait {
+            RenewWait::Skip => (&sql.renew, None),
+            RenewWait::Briefly(budget) => (&sql.renew_waiting, Some(micros(budget))),
+        };
+        // The keys of the leases the successful UPDATE was asked to renew: every one of
+        // them that is ours and live afterwards was renewed by it (nothing else makes an
+        // expired row live for that owner).
+        let asked: HashSet<&str> = match update_batch(conn, statement, &json, budget).await? {
+            // sqlx sets CLIENT_FOUND_ROWS: the count is of rows matched, so every lease of
+            // the batch was renewed when it equals the batch's size.
+            Some(done) if wait == RenewWait::Skip && done.rows_affected() == batch.len() as u64 => {
+                let now = i64::try_from(done.last_insert_id()).unwrap_or(i64::MAX);
+                return Ok(batch
+                    .iter()
+                    .map(|r| RowState {
+                        key: r.id.key.to_owned(),
+                        owner: r.id.owner.to_owned(),
+                        fencing_token: r.id.fencing_token,
+                        expires_at: DateTime::from_timestamp_micros(
+                            now.saturating_add(r.lease_micros),
+                        )
                         .unwrap_or(DateTime::<Utc>::MAX_UTC),
-                    renewed: true,
-                })
-                .collect());
-        }
+                        renewed: true,
+                        busy: false,
+                    })
+                    .collect());
+            }
+            Some(_) => batch.iter().map(|r| r.id.key).collect(),
+            // A row was locked, and nothing renewed: waiting briefly, that is the answer;
+            // skipping, the rows free now are renewed alone.
+            None if budget.is_some() => HashSet::new(),
+            None => renew_free(conn, sql, batch).await?,
+        };
         let rows: Vec<BatchRow> = sqlx::query_as(audited(&sql.read_batch))
             .bind(&json)
             .fetch_all(conn)
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(key, owner, token, expires_at, renewed)| {
+            .map(|(key, owner, token, expires_at, ours_and_live)| {
                 // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
                 let key = String::from_utf8_lossy(&key).into_owned();
-                RowState::from((key, owner, token, expires_at, renewed != 0))
+                let ours_and_live = ours_and_live != 0;
+                let renewed = ours_and_live && asked.contains(key.as_str());
+                let mut row = RowState::from((key, owner, token, expires_at, renewed));
+                row.busy = ours_and_live && !renewed;
+                row
             })
             .collect())
     }
@@ -752,7 +941,9 @@ impl ErrorCodes for MySql {
         // makes InnoDB roll back one of them: the statement changed nothing.
         match error_number(err) {
             Some(ER_LOCK_DEADLOCK | ER_CHECKREAD) => Contention::Deadlock,
-            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT) => Contention::LostRace,
+            Some(ER_LOCK_WAIT_TIMEOUT | ER_LOCK_NOWAIT | ER_STATEMENT_TIMEOUT) => {
+                Contention::LostRace
+            }
             _ if is_unique_violation(err) => Contention::LostRace,
             _ => Contention::Failure,
         }

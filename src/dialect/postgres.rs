@@ -8,17 +8,20 @@
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
+
+use crate::config::micros as config_micros;
 use sqlx::{PgConnection, Postgres};
 
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, HandOff, ListenerOptions, LockId,
-    LockSql, MigrateSql, NotifySql, Released, ReleasedRow, Releases, Renewal, RenewedRow, RowState,
-    RowWait, SqlValue, TicketSql, TxSql, audited, db_code, quoted_after, row_states, sql,
-    unrenewed,
+    LockSql, MigrateSql, NotifySql, Released, ReleasedRow, Releases, RenewWait, Renewal,
+    RenewedRow, RowState, RowWait, SqlValue, TicketSql, TxSql, audited, db_code, quoted_after,
+    read_back_states, row_states, sql, unrenewed,
 };
 
 statements! { sql;
     read_keys: READ_KEYS,
+    renew_waiting: &renew_waiting(),
     hand_off: HAND_OFF,
     acquire_read: &read_acquire(ACQUIRE),
     live_member: LIVE_MEMBER,
@@ -44,9 +47,23 @@ fn key_list(keys: Vec<&str>) -> Vec<&str> {
     keys
 }
 
+/// `lock_timeout` for a statement that may wait until `wait` has passed: whole
+/// milliseconds, rounded down (so that the server gives up no later than the client), at
+/// least 1 (0 would mean no bound at all). A bound parameter, not text: one prepared
+/// statement serves every value.
+fn lock_timeout(wait: std::time::Duration) -> i64 {
+    i64::try_from(wait.as_millis()).unwrap_or(i64::MAX).max(1)
+}
+
+// The attempt's deadline travels with it (`$4`, milliseconds): `set_config(..., true)`
+// sets `lock_timeout` for this statement's own transaction only, and the `FROM` makes
+// it run before the advisory lock is asked for; so neither that lock nor the row lock
+// of a conflicting row is waited for past the deadline (55P03, a lost race), and an
+// abandoned attempt cannot commit once its caller has given up. No extra round trip.
 const ACQUIRE: &str = "\
 WITH serialize AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+      FROM (SELECT set_config('lock_timeout', $4::bigint::text, true)) AS bound
 )
 INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
 SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
@@ -81,8 +98,20 @@ fn relaxed(draws: &str) -> String {
     draws.replacen(SERIALIZE, &format!("{SERIALIZE}{EPOCH_CHECK}"), 1)
 }
 
+// The lease engine's own connection, bounded on the server's side (`LockSql::
+// bound_session`): statements and open transactions end at the statement timeout ($1,
+// ms), and a client that stops acknowledging ($1) or answering keepalives (after $2 s
+// idle, every $3 s, 3 probes) is dropped, with the row locks its session held.
+const BOUND_SESSION: &str = "\
+SELECT set_config('statement_timeout', $1, false),
+       set_config('idle_in_transaction_session_timeout', $1, false),
+       set_config('tcp_user_timeout', $1, false),
+       set_config('tcp_keepalives_idle', $2, false),
+       set_config('tcp_keepalives_interval', $3, false),
+       set_config('tcp_keepalives_count', '3', false)";
+
 // A read-write lock's reader (`LockSql::acquire_read`): ACQUIRE holding the write grant's
-// advisory lock ($4, the grant's key) shared while it draws its token and until it
+// advisory lock ($5, the grant's key) shared while it draws its token and until it
 // commits. A write's transaction takes that lock exclusively when it inserts the grant
 // row (ACQUIRE's own lock on the grant's key) and holds it until it commits: so a reader
 // row commits either before that, where the write's look for readers (LIVE_MEMBER, a
@@ -91,7 +120,7 @@ fn relaxed(draws: &str) -> String {
 // write's look and its commit, and hold beside it. Readers share the lock: they never
 // wait for one another.
 const READ_SERIALIZE: &str =
-    "SELECT pg_advisory_xact_lock_shared(hashtextextended('{table}:' || $4, 0)),
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended('{table}:' || $5, 0)),
            pg_advisory_xact_lock(";
 
 /// An acquisition statement (ACQUIRE, or a relaxed table's) as a reader's.
@@ -130,6 +159,7 @@ RETURNING expire_time <= clock_timestamp(),
 const HAND_OFF: &str = "\
 WITH serialize AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+      FROM (SELECT set_config('lock_timeout', $6::bigint::text, true)) AS bound
 ), handed AS (
     UPDATE {table} AS held
        SET lock_value = $4,
@@ -176,18 +206,66 @@ RETURNING expire_time";
 // once PostgreSQL switches a prepared statement to its generic plan (after five runs),
 // it does not know the arrays' length, and it nested a loop over the RETURNING rows,
 // slow enough to lose every lease of a large batch (bench/RESULTS.md, "Figures behind
-// choices in the code").
+// choices in the code"). For the same reason the rows to renew are locked in a subquery
+// that yields whole batch entries, not a list of keys: with `t.lock_key = ANY(ARRAY(
+// <locked keys>))` the generic plan drove the update from that list and matched it
+// against the arrays by a nested loop (every lease against every lease).
+//
+// The rows are locked first, `SKIP LOCKED`: a row another transaction holds (a fenced
+// transaction's `FOR SHARE`, kept for hours when its connection went half-open) is left
+// out instead of waited for, and the read-back finds it live and still ours (`busy`). A
+// statement that waited would lose every lease of its batch at their deadlines and,
+// abandoned by the engine, keep the rows it had already updated locked on the server
+// until the holder of that one row let go. `FOR NO KEY UPDATE` is the lock the UPDATE
+// itself takes; the UPDATE repeats the subquery's conditions, checked again on the row
+// it now holds.
 const RENEW: &str = "\
 UPDATE {table} AS t
    SET expire_time = clock_timestamp() + w.micros * INTERVAL '1 microsecond'
-  FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS w(k, o, tok, micros)
+  FROM (SELECT f.lock_key AS k, l.o, l.tok, l.micros
+          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS l(k, o, tok, micros)
+          JOIN {table} AS f ON f.lock_key = l.k
+         WHERE f.lock_value = l.o AND f.fencing_token = l.tok
+           AND f.expire_time > clock_timestamp()
+           FOR NO KEY UPDATE OF f SKIP LOCKED) AS w
  WHERE t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
    AND t.expire_time > clock_timestamp()
 RETURNING t.lock_key::text, t.lock_value::text, t.fencing_token, t.expire_time";
 
-// The rows of keys a renewal did not renew.
+// The renewal of leases that were busy (RenewWait::Briefly): RENEW waiting for the row
+// locks, but at most `lock_timeout` (100 ms) each, set for this statement's implicit
+// transaction only. The uncorrelated subquery is an InitPlan under a One-Time Filter: it
+// runs before the first row is read, so before any lock wait (checked with EXPLAIN,
+// generic plan). When the time runs out the statement fails whole (55P03), and so gives
+// every lock back. The outer UPDATE checks the lease again once the row is locked, by the
+// clock of that moment: an UPDATE that waits for a row checks its conditions (and
+// computes its SET) before the wait, and when the holder of the lock ends without
+// changing the row (the fenced session ended by its idle timeout), it then renewed a
+// lease that had run out meanwhile (seen in the stuck-fence conformance case). And only
+// a lock obtained within $5 microseconds of the statement's start counts (the engine
+// passes what the lease has left before its deadline, at most the wait): a renewal
+// landing after the holder was told the lease is lost would keep the key from everyone.
+fn renew_waiting() -> String {
+    let waiting = RENEW
+        .replacen(
+            "FOR NO KEY UPDATE OF f SKIP LOCKED",
+            "AND (SELECT set_config('lock_timeout', '100ms', true)) IS NOT NULL\n           FOR NO KEY UPDATE OF f",
+            1,
+        )
+        .replacen(
+            "\n   AND t.expire_time > clock_timestamp()\n",
+            "\n   AND t.expire_time > clock_timestamp()\n   AND clock_timestamp() < statement_timestamp() + $5::bigint * INTERVAL '1 microsecond'\n",
+            1,
+        );
+    debug_assert!(!waiting.contains("SKIP LOCKED") && waiting.contains("$5"));
+    waiting
+}
+
+// The rows of keys a renewal did not renew, and whether each is live by the database
+// clock. A plain read: it waits for no lock.
 const READ_KEYS: &str = "\
-SELECT lock_key::text, lock_value::text, fencing_token, expire_time
+SELECT lock_key::text, lock_value::text, fencing_token, expire_time,
+       expire_time > clock_timestamp()
   FROM {table} WHERE lock_key = ANY($1)";
 
 // Tickets of one key are handed out one at a time (the advisory lock is held until the
@@ -304,9 +382,20 @@ impl LockSql for Postgres {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        returning_acquire!(conn, sql, key, owner, lease_micros)
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+        }))
     }
 
     async fn acquire_read(
@@ -316,12 +405,14 @@ impl LockSql for Postgres {
         grant: &str,
         owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire_read))
             .bind(key)
             .bind(owner)
             .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
             .bind(grant)
             .fetch_optional(conn)
             .await?;
@@ -346,12 +437,29 @@ impl LockSql for Postgres {
 
     const HANDS_OFF: bool = true;
 
+    async fn bound_session(
+        conn: &mut PgConnection,
+        bound: std::time::Duration,
+    ) -> Result<(), sqlx::Error> {
+        let millis = bound.as_millis().max(1).to_string();
+        let secs = bound.as_secs().max(2);
+        let (idle, interval) = ((secs / 2).to_string(), (secs / 5).max(1).to_string());
+        sqlx::query(BOUND_SESSION)
+            .bind(&millis)
+            .bind(&idle)
+            .bind(&interval)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
     async fn hand_off(
         conn: &mut PgConnection,
         sql: &Statements,
         from: LockId<'_>,
         to_owner: &str,
         lease_micros: i64,
+        wait: std::time::Duration,
     ) -> Result<Option<HandOff>, sqlx::Error> {
         type Row = (
             Option<i64>,
@@ -365,6 +473,7 @@ impl LockSql for Postgres {
             .bind(from.fencing_token)
             .bind(to_owner)
             .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
             .fetch_optional(conn)
             .await?;
         Ok(row.map(|row| match row {
@@ -408,18 +517,31 @@ impl LockSql for Postgres {
         conn: &mut PgConnection,
         sql: &Statements,
         batch: &[Renewal<'_>],
+        wait: RenewWait,
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let keys: Vec<&str> = batch.iter().map(|r| r.id.key).collect();
         let owners: Vec<&str> = batch.iter().map(|r| r.id.owner).collect();
         let tokens: Vec<i64> = batch.iter().map(|r| r.id.fencing_token).collect();
         let micros: Vec<i64> = batch.iter().map(|r| r.lease_micros).collect();
-        let renewed: Vec<RenewedRow> = sqlx::query_as(audited(&sql.renew))
+        let (statement, budget) = match wait {
+            RenewWait::Skip => (&sql.renew, None),
+            RenewWait::Briefly(budget) => (&sql.renew_waiting, Some(config_micros(budget))),
+        };
+        let mut renewal = sqlx::query_as(audited(statement))
             .bind(keys)
             .bind(owners)
             .bind(tokens)
-            .bind(micros)
-            .fetch_all(&mut *conn)
-            .await?;
+            .bind(micros);
+        if let Some(budget) = budget {
+            renewal = renewal.bind(budget);
+        }
+        let renewed: Vec<RenewedRow> = match renewal.fetch_all(&mut *conn).await {
+            Ok(renewed) => renewed,
+            // The wait ran out: nothing was renewed, and the read-back says which rows
+            // are still ours and live (busy).
+            Err(err) if Self::is_row_locked(&err) => Vec::new(),
+            Err(err) => return Err(err),
+        };
         renewed_then_read_back!(conn, sql, batch, renewed)
     }
 
@@ -512,8 +634,11 @@ impl ErrorCodes for Postgres {
     }
 
     fn is_conflict_rollback(err: &sqlx::Error) -> bool {
-        // deadlock victim, serialization failure (REPEATABLE READ and SERIALIZABLE)
-        matches!(db_code(err).as_deref(), Some("40P01" | "40001"))
+        // deadlock victim, serialization failure (REPEATABLE READ and SERIALIZABLE), and
+        // the idle-in-transaction timeout that the fence check set to the lease's
+        // remaining time (CHECK_FENCE): the server ended the fenced session, and the
+        // transaction with it, because it sat idle until the lease could have run out
+        matches!(db_code(err).as_deref(), Some("40P01" | "40001" | "25P03"))
     }
 
     fn is_pooler_mixup(err: &sqlx::Error) -> bool {
@@ -572,6 +697,13 @@ fn channel(table: &str) -> String {
 const SESSION_MARK: &str = "dblock.listener_session";
 const READ_SESSION_MARK: &str = "SELECT current_setting('dblock.listener_session', true)";
 
+/// The listener's server-side TCP bounds (milliseconds, seconds, seconds, probes): a dead
+/// client is dropped after about 30 s, whether it is silent or has data unacknowledged.
+const LISTENER_TCP_USER_TIMEOUT: &str = "30000";
+const LISTENER_KEEPALIVE_IDLE: &str = "15";
+const LISTENER_KEEPALIVE_INTERVAL: &str = "5";
+const LISTENER_KEEPALIVE_COUNT: &str = "3";
+
 async fn open_listener(
     listener: ListenerOptions<Postgres>,
     table: &str,
@@ -579,9 +711,17 @@ async fn open_listener(
     let mark = uuid::Uuid::new_v4().simple().to_string();
     let mut options = listener.options;
     if !listener.given {
-        options = options
-            .application_name("dblock-listener")
-            .options([(SESSION_MARK, mark.as_str())]);
+        // The server drops the listener's session when its client stops acknowledging
+        // (`tcp_user_timeout`) or answering keepalives: a black-holed listener does not
+        // keep a backend for hours. Startup options, so that PgListener's own reconnects
+        // keep them; a server or pooler that refuses them gets no listener (see below).
+        options = options.application_name("dblock-listener").options([
+            (SESSION_MARK, mark.as_str()),
+            ("tcp_user_timeout", LISTENER_TCP_USER_TIMEOUT),
+            ("tcp_keepalives_idle", LISTENER_KEEPALIVE_IDLE),
+            ("tcp_keepalives_interval", LISTENER_KEEPALIVE_INTERVAL),
+            ("tcp_keepalives_count", LISTENER_KEEPALIVE_COUNT),
+        ]);
     }
     // A pool of one, only for PgListener's reconnections: it is not the caller's pool,
     // so the listener never takes one of its connections.
@@ -654,6 +794,20 @@ impl Releases for PgReleases {
             }
         })
     }
+
+    fn check(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), sqlx::Error>> + Send + '_>>
+    {
+        // A simple query (no prepared statement: the listener may be behind a pooler);
+        // notifications that arrive meanwhile are kept for `next`.
+        Box::pin(async move {
+            sqlx::raw_sql("SELECT 1")
+                .execute(&mut self.0)
+                .await
+                .map(drop)
+        })
+    }
 }
 
 impl TxSql for Postgres {
@@ -702,15 +856,43 @@ const RESTORE_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)"
 // FOR SHARE, not FOR KEY SHARE: a takeover or renewal updates non-key columns, which
 // FOR KEY SHARE would let through. A takeover that raced us is waited for and re-checked
 // (READ COMMITTED re-evaluates the WHERE on the new row version).
+//
+// The row stays locked until the caller's transaction ends; if its connection goes
+// half-open, until the server notices (about two hours on default settings), and for all
+// that time neither renewal nor any rival can have the row. So the check also bounds the
+// transaction's idle time (`idle_in_transaction_session_timeout`, for this transaction
+// only) by what the lease has left: the server then ends a session that stays idle in the
+// transaction that long, and the row is free. Past that moment the lease has run out by
+// the database clock (renewal skips a locked row, so it cannot move it), and the guard
+// says lost. A shorter timeout of the caller's own is kept. Set in the outer query, over
+// the locked row: an EvalPlanQual re-check that drops the row sets nothing.
 const CHECK_FENCE: &str = "\
-SELECT fencing_token FROM {table}
- WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
-   AND expire_time > clock_timestamp()
-   FOR SHARE";
+SELECT f.fencing_token,
+       set_config('idle_in_transaction_session_timeout',
+                  (CASE WHEN b.was > 0 AND b.was < b.left_ms THEN b.was ELSE b.left_ms END)::text,
+                  true)
+  FROM (SELECT fencing_token, expire_time FROM {table}
+         WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+           AND expire_time > clock_timestamp()
+           FOR SHARE) AS f,
+       LATERAL (SELECT GREATEST(1, ceil(EXTRACT(EPOCH FROM f.expire_time - clock_timestamp()) * 1000))::bigint AS left_ms,
+                       (EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS was) AS b";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_waiting_renewal_is_the_renewal_with_a_bounded_wait() {
+        let waiting = renew_waiting();
+        assert!(!waiting.contains("SKIP LOCKED"), "{waiting}");
+        assert!(waiting.contains("statement_timestamp() + $5"), "{waiting}");
+        let bound = waiting.find("'lock_timeout'").expect("the bound is set");
+        let lock = waiting
+            .find("FOR NO KEY UPDATE")
+            .expect("the rows are locked");
+        assert!(bound < lock, "{waiting}");
+    }
 
     #[test]
     fn the_relaxed_acquisition_checks_the_epoch_before_the_draw() {

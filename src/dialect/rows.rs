@@ -93,6 +93,11 @@ pub struct RowState {
     /// Whether this statement renewed the row (it was the requested owner's and token's,
     /// and unexpired by the database clock).
     pub renewed: bool,
+    /// The row is the requested owner's and token's and unexpired, but was not renewed:
+    /// another transaction held a lock on it (a fenced transaction of the caller's, most
+    /// often), and the renewal skipped it, or gave up waiting, rather than wait on. Not a
+    /// loss: the lease is renewed again soon.
+    pub busy: bool,
 }
 
 /// A row a batched release deleted ([`LockSql::release_batch`](super::LockSql::release_batch)).
@@ -197,6 +202,7 @@ impl From<(String, String, i64, DateTime<Utc>, bool)> for RowState {
             fencing_token,
             expires_at,
             renewed,
+            busy: false,
         }
     }
 }
@@ -213,6 +219,37 @@ pub(crate) fn row_states(rows: Vec<RenewedRow>, renewed: bool) -> impl Iterator<
         .map(move |(key, owner, token, expires_at)| {
             RowState::from((key, owner, token, expires_at, renewed))
         })
+}
+
+/// `(key, owner, fencing token, expiry, live)`, the column order of the read-back of
+/// the keys a renewal left unrenewed: `live` is the database's `expire_time > now`.
+pub(crate) type ReadBackRow = (String, String, i64, DateTime<Utc>, bool);
+
+/// The rows read back after a renewal left some leases of `batch` unrenewed, as
+/// [`RowState`]s. A row still the lease's own (owner and token) and live by the database
+/// clock that the renewal did not renew was locked by another transaction: `busy`.
+/// Nothing else can leave such a row unrenewed, since the renewal's own conditions
+/// held for it (rows of an owner and token are never written by anyone else, and an
+/// expired row never becomes live again).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn read_back_states(batch: &[Renewal<'_>], rows: Vec<ReadBackRow>) -> Vec<RowState> {
+    let asked: std::collections::HashSet<(&str, &str, i64)> = batch
+        .iter()
+        .map(|r| (r.id.key, r.id.owner, r.id.fencing_token))
+        .collect();
+    rows.into_iter()
+        .map(|(key, owner, fencing_token, expires_at, live)| {
+            let busy = live && asked.contains(&(key.as_str(), owner.as_str(), fencing_token));
+            RowState {
+                key,
+                owner,
+                fencing_token,
+                expires_at,
+                renewed: false,
+                busy,
+            }
+        })
+        .collect()
 }
 
 /// The keys of `batch` that the renewed `rows` leave out: the ones to read back, to say
@@ -270,4 +307,12 @@ pub trait Releases: Send {
     fn next(
         &mut self,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Option<Released>, sqlx::Error>> + Send + '_>>;
+
+    /// One round trip on the listener's connection: that it still answers. The caller
+    /// bounds it; a listener that does not answer is dropped and opened anew (a
+    /// black-holed connection never fails by itself, and would hear nothing for as long
+    /// as TCP keeps it).
+    fn check(
+        &mut self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<(), sqlx::Error>> + Send + '_>>;
 }

@@ -64,10 +64,7 @@ macro_rules! migration_scripts {
 
 /// The acquisition upsert's answer on a database with `RETURNING`: a row only when we
 /// won. Evaluates to the `acquire` method's result.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "sqlite")),
-    allow(unused_macros)
-)]
+#[cfg_attr(not(feature = "sqlite"), allow(unused_macros))]
 macro_rules! returning_acquire {
     ($conn:expr, $sql:expr, $key:expr, $owner:expr, $lease_micros:expr) => {{
         let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&$sql.acquire))
@@ -85,7 +82,8 @@ macro_rules! returning_acquire {
 
 /// The end of a renewal on a database with `RETURNING`: the rows its `UPDATE` renewed,
 /// and when some leases of `$batch` were not renewed, a read of those keys (bound with the
-/// dialect's `key_list`) to say why. Evaluates to the `renew` method's result.
+/// dialect's `key_list`) to say why: a row still the lease's and live was skipped as
+/// locked (`busy`). Evaluates to the `renew` method's result.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "sqlite")),
     allow(unused_macros)
@@ -97,11 +95,11 @@ macro_rules! renewed_then_read_back {
         if missing.is_empty() {
             return Ok(rows);
         }
-        let others: Vec<RenewedRow> = sqlx::query_as(audited(&$sql.read_keys))
+        let others: Vec<super::ReadBackRow> = sqlx::query_as(audited(&$sql.read_keys))
             .bind(key_list(missing))
             .fetch_all($conn)
             .await?;
-        rows.extend(row_states(others, false));
+        rows.extend(read_back_states($batch, others));
         Ok(rows)
     }};
 }

@@ -15,8 +15,9 @@ use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, LockId, LockSql, MigrateSql, NotifySql,
-    ReleasedRow, Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql, WriteGate, audited,
-    batch_json, db_code, ids_json, is_unique_violation, json_list, row_states, sql, unrenewed,
+    ReleasedRow, RenewWait, Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql,
+    WriteGate, audited, batch_json, db_code, ids_json, is_unique_violation, json_list,
+    read_back_states, row_states, sql, unrenewed,
 };
 
 statements! { sqlite_sql;
@@ -92,9 +93,9 @@ UPDATE {table}
    AND {table}.fencing_token = w.value ->> '$.t' AND {table}.expire_time > {now}
 RETURNING lock_key, lock_value, fencing_token, expire_time";
 
-// The rows of keys a renewal did not renew, to say why.
+// The rows of keys a renewal did not renew, and whether each is live, to say why.
 const READ_KEYS: &str = "\
-SELECT lock_key, lock_value, fencing_token, expire_time FROM {table}
+SELECT lock_key, lock_value, fencing_token, expire_time, expire_time > {now} FROM {table}
  WHERE lock_key IN (SELECT value FROM json_each(?1))";
 
 // The clock every other statement reads: a schedule asks it which period it is.
@@ -213,6 +214,8 @@ impl LockSql for Sqlite {
         key: &str,
         owner: &str,
         lease_micros: i64,
+        // No lock to wait for: SQLite's busy handler bounds a write's wait.
+        _wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
         // Without this read every losing attempt queued for the single write lock, waiting
@@ -253,6 +256,8 @@ impl LockSql for Sqlite {
         conn: &mut SqliteConnection,
         sql: &Statements,
         batch: &[Renewal<'_>],
+        // No row locks: the write lock is waited for by the busy handler, as by any writer.
+        _wait: RenewWait,
     ) -> Result<Vec<RowState>, sqlx::Error> {
         let renewed: Vec<RenewedRow> = sqlx::query_as(audited(&sql.renew))
             .bind(batch_json(batch, |micros| modifier(micros).into()))

@@ -12,9 +12,9 @@
 //! sends one batch per interval in the steady state, and never more than two, however
 //! many leases it holds (a batch in which a lease looked changed under the statement is
 //! asked once more, for those leases only). A batch is one statement for up to
-//! [`RENEW_CHUNK`](crate::table::RENEW_CHUNK) leases; on MySQL/MariaDB and SQLite a second
-//! one (a read of the batch's rows) follows only when some lease was not renewed, to say
-//! why.
+//! [`RENEW_CHUNK`](crate::table::RENEW_CHUNK) leases; a second one (a read of the batch's
+//! rows) follows only when some lease was not renewed, to say why, and on MySQL/MariaDB
+//! two more when a row was locked (the rows free at that moment are renewed alone).
 //!
 //! Every row stays owner- and token-checked. A lease the batch did not renew is lost:
 //! `TakenOver` (another owner or token in the row), `Deleted` (no row) or `Expired`. A
@@ -25,9 +25,14 @@
 //! others, and is abandoned when the last lease of its batch reaches its deadline), so no
 //! loss is reported late.
 //!
-//! A row locked by a transaction of the caller's (`assert_held`, until that transaction
-//! ends) holds up the whole batch, not only its own lease: keep such transactions short
-//! against the lease.
+//! The batch waits for no row lock: a row another transaction holds locked (a caller's
+//! fenced transaction, `assert_held`, until it ends, or for hours when its connection
+//! went half-open) is skipped, and comes back busy, not lost; the batch's other leases
+//! are renewed on time, and nothing of the statement is left waiting on the server. A
+//! busy lease is renewed again on its own, with the retry policy's backoff, each time
+//! waiting briefly for its row (a rival's acquisition attempt locks a held row for a
+//! moment), until its deadline, where it alone is lost as `Unreachable`
+//! (`renewal.rs`).
 //!
 //! # Background releases
 //! A guard dropped without `release()` (or whose release failed) hands its lease to the
@@ -114,6 +119,8 @@ struct EngineState<DB: Backend> {
     wake: Notify,
     /// The last pass whose results have been applied.
     passes_done: watch::Sender<u64>,
+    /// Leases whose row another transaction held locked at their last renewal.
+    busy: renewal::BusyLeases,
     /// Set once the task was spawned: every acquisition asks, and needs no lock to hear yes.
     started: AtomicBool,
     /// Held while the task is being spawned, so that it is spawned once.
@@ -174,6 +181,7 @@ impl<DB: Backend> Engine<DB> {
                 }),
                 wake: Notify::new(),
                 passes_done: watch::channel(0).0,
+                busy: Default::default(),
                 started: AtomicBool::new(false),
                 starting: Mutex::new(()),
             }),
@@ -261,7 +269,12 @@ impl<DB: Backend> Engine<DB> {
             return Ok(None);
         }
         let sent_at = Instant::now();
-        let expiry = self.inner.table.extend(lease.lock_id(), length).await?;
+        let until = lease.deadline();
+        let expiry = self
+            .inner
+            .table
+            .extend(lease.lock_id(), length, until)
+            .await?;
         if let Some(expires_at) = expiry {
             metrics::renewals(&self.inner.metrics, 1);
             let due = lease.renewed(expires_at, sent_at, length);

@@ -1,8 +1,16 @@
 //! Renewal: one batched statement per interval for every due lease, and the verdict on
 //! each lease the batch did not renew.
+//!
+//! The batch never waits for a row lock another transaction holds ([`RenewWait::Skip`]):
+//! such a row (a caller's fenced transaction, `assert_held`, still open) comes back busy,
+//! and only its lease is retried, on its own and with the retry policy's backoff, each
+//! retry waiting for the lock briefly ([`RenewWait::Briefly`]: a rival's acquisition
+//! attempt locks a held row for a moment, and a lease that only ever skipped would seldom
+//! find it free), until the lease's deadline, where it is lost as `Unreachable`. The
+//! other leases of the batch are renewed on time.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -10,7 +18,7 @@ use tokio::time::{Instant, sleep_until};
 
 use super::{EngineState, RetryDelays};
 use crate::config::micros;
-use crate::dialect::{Backend, Renewal, RowState};
+use crate::dialect::{Backend, RenewWait, Renewal, RowState};
 use crate::error::{Error, LostReason, Result};
 use crate::lease::Lease;
 use crate::metrics;
@@ -20,8 +28,19 @@ use crate::stats::Counters;
 /// How one lease came out of a batch.
 enum Verdict {
     Renewed(DateTime<Utc>),
+    /// Still ours and live, but another transaction held its row locked: renewed again
+    /// soon.
+    Busy,
     Lost(LostReason),
 }
+
+/// How long a busy lease's retry waits for its row at most (the dialects' SQL spells the
+/// same bound: `lock_timeout`, `max_statement_time`).
+const BUSY_WAIT: Duration = Duration::from_millis(100);
+
+/// The leases whose row another transaction held locked at their last renewal, each with
+/// its delays (the retry policy's backoff, from the first busy answer on).
+pub(super) type BusyLeases = Mutex<HashMap<u64, RetryDelays>>;
 
 impl<DB: Backend> EngineState<DB> {
     /// One renewal pass over every lease that is due.
@@ -63,9 +82,50 @@ impl<DB: Backend> EngineState<DB> {
         self.passes_done.send_replace(pass);
     }
 
+    /// Renews `batch`: the leases that were busy one at a time, waiting briefly for their
+    /// row, and the others in one batch that waits for no row lock.
     async fn renew(&self, batch: &[Arc<Lease>], backoff: &mut RetryDelays) {
+        let retries: Vec<Arc<Lease>> = {
+            let busy = self.busy();
+            if busy.is_empty() {
+                Vec::new()
+            } else {
+                batch
+                    .iter()
+                    .filter(|lease| busy.contains_key(&lease.id))
+                    .cloned()
+                    .collect()
+            }
+        };
+        if retries.is_empty() {
+            return self.renew_batch(batch, RenewWait::Skip, backoff).await;
+        }
+        let fresh: Vec<Arc<Lease>> = batch
+            .iter()
+            .filter(|lease| !retries.iter().any(|busy| busy.id == lease.id))
+            .cloned()
+            .collect();
+        if !fresh.is_empty() {
+            self.renew_batch(&fresh, RenewWait::Skip, backoff).await;
+        }
+        // One at a time: a row that stays locked costs the wait to its own lease's
+        // statement only, never to another busy lease's. The wait never reaches past the
+        // lease's deadline (a lease past it is left to the next pass, which ends it).
+        for lease in &retries {
+            let left = lease.deadline().saturating_duration_since(Instant::now());
+            let budget = left.min(BUSY_WAIT);
+            if !budget.is_zero() {
+                let wait = RenewWait::Briefly(budget);
+                self.renew_batch(std::slice::from_ref(lease), wait, backoff)
+                    .await;
+            }
+        }
+        self.forget_gone_busy();
+    }
+
+    async fn renew_batch(&self, batch: &[Arc<Lease>], wait: RenewWait, backoff: &mut RetryDelays) {
         let sent_at = Instant::now();
-        let outcome = self.renew_by_deadlines(batch).await;
+        let outcome = self.renew_by_deadlines(batch, wait).await;
         let rows = match outcome {
             Ok(rows) => rows,
             Err(err) => {
@@ -105,7 +165,7 @@ impl<DB: Backend> EngineState<DB> {
         }
         if !unsure.is_empty() {
             let sent_at = Instant::now();
-            match self.renew_by_deadlines(&unsure).await {
+            match self.renew_by_deadlines(&unsure, wait).await {
                 Ok(rows) => {
                     let by_key = index_by_key(&rows);
                     for lease in &unsure {
@@ -141,12 +201,31 @@ impl<DB: Backend> EngineState<DB> {
     fn apply(&self, lease: &Lease, verdict: Verdict, sent_at: Instant, lost: &mut Vec<u64>) -> u64 {
         match verdict {
             Verdict::Renewed(expires_at) => {
+                self.not_busy(lease);
                 lease.renewed(expires_at, sent_at, lease.length);
                 Counters::bump(&self.counters.renewed);
                 tracing::trace!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, %expires_at, "lease renewed");
                 1
             }
+            Verdict::Busy => {
+                let delay = {
+                    let mut busy = self.busy();
+                    let delays = busy
+                        .entry(lease.id)
+                        .or_insert_with(|| Box::new(self.retry.delays()));
+                    delays.next().unwrap_or_default()
+                };
+                // Failing: reaching its deadline so, the lease is lost as `Unreachable`
+                // (the renewal could not reach its row), not as an expiry it never had.
+                let mut timing = lease.timing();
+                timing.failing = true;
+                timing.next_renewal = Instant::now() + delay;
+                drop(timing);
+                tracing::debug!(key = %lease.key, owner = %lease.owner, fencing_token = lease.fencing_token, retry_in = ?delay, "lease row locked by another transaction; renewing it again soon");
+                0
+            }
             Verdict::Lost(reason) => {
+                self.not_busy(lease);
                 lease.mark_lost(reason);
                 lost.push(lease.id);
                 // The key may be free (or someone else's): a local waiter looks.
@@ -154,6 +233,25 @@ impl<DB: Backend> EngineState<DB> {
                 0
             }
         }
+    }
+
+    fn busy(&self) -> MutexGuard<'_, HashMap<u64, RetryDelays>> {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ends the busy retries of `lease`, if it had any.
+    fn not_busy(&self, lease: &Lease) {
+        let mut busy = self.busy();
+        if !busy.is_empty() {
+            busy.remove(&lease.id);
+        }
+    }
+
+    /// Forgets the busy retries of leases this engine no longer renews (lost at their
+    /// deadline, released).
+    fn forget_gone_busy(&self) {
+        let state = self.state();
+        self.busy().retain(|id, _| state.leases.contains_key(id));
     }
 
     /// Why a lease whose renewal kept failing until its deadline is lost: the database
@@ -181,7 +279,11 @@ impl<DB: Backend> EngineState<DB> {
     /// consider it over), so it is declared `Unreachable` then, while the statement goes
     /// on for the others. A statement still unanswered when the last lease of its batch
     /// reaches its deadline is abandoned (a black-holed connection never fails by itself).
-    async fn renew_by_deadlines(&self, batch: &[Arc<Lease>]) -> Result<Vec<RowState>> {
+    async fn renew_by_deadlines(
+        &self,
+        batch: &[Arc<Lease>],
+        wait: RenewWait,
+    ) -> Result<Vec<RowState>> {
         let renewals: Vec<Renewal<'_>> = batch
             .iter()
             .map(|lease| Renewal {
@@ -196,7 +298,7 @@ impl<DB: Backend> EngineState<DB> {
             .collect();
         deadlines.sort_by_key(|(deadline, _)| *deadline);
         let mut pending = deadlines.as_slice();
-        let statement = self.table.renew(&renewals);
+        let statement = self.table.renew(&renewals, wait);
         tokio::pin!(statement);
         while let Some(&(deadline, _)) = pending.first() {
             tokio::select! {
@@ -234,11 +336,16 @@ fn judge(lease: &Lease, rows: Option<&[&RowState]>) -> Verdict {
         .iter()
         .filter(|row| row.owner == lease.owner && row.fencing_token == lease.fencing_token);
     let mut found = false;
+    let mut busy = false;
     for row in ours {
         if row.renewed {
             return Verdict::Renewed(row.expires_at);
         }
         found = true;
+        busy |= row.busy;
+    }
+    if busy {
+        return Verdict::Busy;
     }
     Verdict::Lost(if found {
         LostReason::Expired

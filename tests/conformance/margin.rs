@@ -120,10 +120,18 @@ pub async fn an_answer_after_the_deadline_makes_no_guard<DB: TestBackend>() {
     let holder = db.locker.try_acquire(key, short).await.unwrap().unwrap();
     let mut fence = db.pool.begin().await.unwrap();
     holder.assert_held(&mut fence).await.unwrap();
-    assert!(
-        eventually(PATIENCE, || async { db.plain.is_expired(key).await }).await,
-        "the holder's lease runs out by the database clock"
-    );
+    // The fenced transaction is kept from sitting idle (pinged) while it waits: on
+    // PostgreSQL `assert_held` bounds its idle time by the lease's remaining time, and
+    // the server would end it, freeing the row, as the lease runs out.
+    let until = tokio::time::Instant::now() + PATIENCE;
+    while !db.plain.is_expired(key).await {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the holder's lease runs out by the database clock"
+        );
+        sqlx::Connection::ping(&mut *fence).await.unwrap();
+        sleep(Duration::from_millis(20)).await;
+    }
     let late_lease = Duration::from_millis(800);
     let locker = Locker::builder(db.another_pool().await)
         .table(&db.table)
@@ -145,8 +153,13 @@ pub async fn an_answer_after_the_deadline_makes_no_guard<DB: TestBackend>() {
                 .await
         })
     };
-    // Both statements wait behind the fence for longer than their leases.
-    sleep(late_lease * 2).await;
+    // Both statements wait behind the fence for longer than their leases (the fence
+    // pinged, as above).
+    let waited = tokio::time::Instant::now() + late_lease * 2;
+    while tokio::time::Instant::now() < waited {
+        sqlx::Connection::ping(&mut *fence).await.unwrap();
+        sleep(Duration::from_millis(20)).await;
+    }
     fence.commit().await.unwrap();
     drop(holder);
 

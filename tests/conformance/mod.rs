@@ -4,6 +4,7 @@
 mod admin;
 mod adversary;
 mod any;
+mod bounds;
 mod engine;
 mod fair;
 mod fencing;
@@ -21,6 +22,7 @@ mod queue;
 mod racing;
 mod rwlock;
 mod schedule;
+mod stuck_fence;
 mod waiting;
 mod wakeups;
 
@@ -29,6 +31,7 @@ use std::time::Duration;
 pub use admin::*;
 pub use adversary::*;
 pub use any::*;
+pub use bounds::*;
 pub use engine::*;
 pub use fair::*;
 pub use fencing::*;
@@ -45,6 +48,7 @@ pub use queue::*;
 pub use racing::*;
 pub use rwlock::*;
 pub use schedule::*;
+pub use stuck_fence::*;
 pub use waiting::*;
 pub use wakeups::*;
 
@@ -138,8 +142,13 @@ macro_rules! conformance_suite {
             any_locker_times_out,
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
+            every_call_returns_within_its_bound_under_a_black_hole,
+            an_abandoned_attempt_never_commits_after_its_deadline,
+            pool_timeouts_say_whether_connections_answered,
             a_lease_ends_locally_before_the_database_sees_it_expire,
             an_answer_after_the_deadline_makes_no_guard,
+            one_stuck_fenced_transaction_costs_one_lease,
+            a_hammered_key_stays_renewed,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

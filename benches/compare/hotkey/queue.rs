@@ -5,128 +5,24 @@
 //! PostgreSQL's `SELECT pg_advisory_lock($1)`, released with `pg_advisory_unlock($1)`;
 //! MariaDB's `GET_LOCK(name, timeout)` and `RELEASE_LOCK(name)` (metadata locks, also
 //! granted in arrival order). One statement to take the key, one to give it back, and no
-//! lease: the lock lives as long as the session.
+//! lease: the lock lives as long as the session. Those statements are each database's
+//! (`servers::postgres`, `servers::mysql`: [`QueueSession`]); this module runs them.
 //!
 //! The connections are opened before a round starts (not timed) and closed after it. A
 //! lock statement cut off by the round's end leaves its session waiting in the server;
 //! closing the connections ends those sessions and their locks one after another, and
 //! every round takes a key of its own, so nothing carries over.
 
-use std::hash::{Hash as _, Hasher as _};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use sqlx::{Connection as _, MySqlConnection, PgConnection};
 use tokio::time::Instant;
 
-use crate::hotkey::Counts;
-use crate::hotkey_tasks::{Contended, Grant, HOLD, Turn, WAIT};
+use super::round::Counts;
+use super::tasks::{Contended, Grant, HOLD, Turn, WAIT};
 use crate::measure::counting_polls;
-use crate::servers::BenchDb;
-
-/// One task's session, which takes one key with the server's own lock.
-pub trait QueueSession: Send {
-    /// Waits in the server until the key is granted.
-    fn lock(&mut self) -> BoxFuture<'_, Result<(), String>>;
-
-    /// Gives the key back (an error if the session did not hold it).
-    fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>>;
-}
-
-/// PostgreSQL: a session-level advisory lock on a 64-bit key.
-struct PgSession {
-    conn: PgConnection,
-    key: i64,
-}
-
-impl QueueSession for PgSession {
-    fn lock(&mut self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            sqlx::query("SELECT pg_advisory_lock($1)")
-                .bind(self.key)
-                .execute(&mut self.conn)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
-                .bind(self.key)
-                .fetch_one(&mut self.conn)
-                .await
-                .map_err(|e| e.to_string())?;
-            if released {
-                Ok(())
-            } else {
-                Err("pg_advisory_unlock: the session did not hold the key".into())
-            }
-        })
-    }
-}
-
-/// Opens a PostgreSQL session for `key` (hashed to the advisory lock's 64-bit key: the
-/// same in every session of this process).
-pub async fn pg_session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
-    let mut hasher = std::hash::DefaultHasher::new();
-    key.hash(&mut hasher);
-    Ok(Box::new(PgSession {
-        conn: PgConnection::connect(url).await?,
-        key: i64::from_ne_bytes(hasher.finish().to_ne_bytes()),
-    }))
-}
-
-/// MariaDB / MySQL: a named user lock.
-struct MySession {
-    conn: MySqlConnection,
-    name: String,
-}
-
-impl QueueSession for MySession {
-    fn lock(&mut self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            // Seconds; longer than any round, so a timeout would mean a waiter starved.
-            let timeout = i64::try_from(WAIT.as_secs()).unwrap_or(i64::MAX);
-            let granted: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-                .bind(&self.name)
-                .bind(timeout)
-                .fetch_one(&mut self.conn)
-                .await
-                .map_err(|e| e.to_string())?;
-            match granted {
-                Some(1) => Ok(()),
-                Some(_) => Err(format!("GET_LOCK timed out after {timeout} s")),
-                None => Err("GET_LOCK returned NULL".into()),
-            }
-        })
-    }
-
-    fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async move {
-            let released: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
-                .bind(&self.name)
-                .fetch_one(&mut self.conn)
-                .await
-                .map_err(|e| e.to_string())?;
-            match released {
-                Some(1) => Ok(()),
-                _ => Err("RELEASE_LOCK: the session did not hold the key".into()),
-            }
-        })
-    }
-}
-
-/// Opens a MariaDB / MySQL session for `key` (a lock name, at most 64 characters).
-pub async fn my_session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
-    Ok(Box::new(MySession {
-        conn: MySqlConnection::connect(url).await?,
-        name: key.to_owned(),
-    }))
-}
+use crate::servers::{BenchDb, QueueSession};
 
 /// The server-side queue's counters, kept across its rounds.
 #[derive(Default)]
@@ -152,7 +48,7 @@ impl Queue {
         key: &str,
         tasks: usize,
     ) -> Result<Vec<Box<dyn QueueSession>>, sqlx::Error> {
-        futures::future::try_join_all((0..tasks).map(|_| DB::queue_session(url, key))).await
+        futures::future::try_join_all((0..tasks).map(|_| DB::queue_session(url, key, WAIT))).await
     }
 
     /// Runs a task per session that loops lock, hold [`HOLD`], unlock until `deadline`;
@@ -183,7 +79,7 @@ impl Queue {
     }
 }
 
-/// One task's turns, as [`contend`](crate::hotkey_tasks::contend)'s loop takes them.
+/// One task's turns, as [`contend`](super::tasks::contend)'s loop takes them.
 async fn turns(
     counts: &Queue,
     task: usize,

@@ -15,19 +15,16 @@
 
 use std::time::Duration;
 
-use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::measure::{median, process_cpu, turn_order};
 use crate::report::Table;
+use crate::servers::Statement;
 
 const ROUNDS: usize = 5;
 const OPS_PER_ROUND: u32 = 400;
-
-/// Sends one cheap statement (`SELECT 1`) on the backend's pool.
-pub type Statement = std::sync::Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
 #[derive(Clone, Copy)]
 enum Part {
@@ -162,7 +159,7 @@ pub async fn markdown(backend: &str, statement: Statement) -> String {
     }
     format!(
         "The old design's task pattern around one `SELECT 1` on {backend}, one task, {ROUNDS} \
-         interleaved rounds of {OPS_PER_ROUND} (medians; `benches/compare/anatomy.rs`):\n\n{}\n",
+         interleaved rounds of {OPS_PER_ROUND} (medians; `benches/compare/cycle/anatomy.rs`):\n\n{}\n",
         table.render()
     )
 }

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use crate::hotkey::Counts;
-use crate::hotkey_tasks::{Contended, Grant, HOLD, Turn};
+use super::round::Counts;
+use super::tasks::{Contended, Grant, HOLD, Turn};
 use crate::measure::{counting_polls, in_tasks};
 
 /// The contender's name in the cells' tables.
@@ -37,7 +37,7 @@ impl Ceiling {
 
     /// Runs `tasks` tasks on a fresh mutex (a round's fresh key) that loop lock, hold
     /// [`HOLD`], unlock until `deadline`, as
-    /// [`contend`](crate::hotkey_tasks::contend)'s tasks do, wake-ups counted the same.
+    /// [`contend`](super::tasks::contend)'s tasks do, wake-ups counted the same.
     pub async fn contend(self: &Arc<Self>, tasks: usize, deadline: Instant) -> Contended {
         let key = Arc::new(Mutex::new(()));
         let per_task = in_tasks(tasks, |task| {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use dblock::Locker;
 
-use crate::hotkey::{Round, interleaved};
-use crate::hotkey_tasks::Side;
+use super::round::{Round, interleaved};
+use super::tasks::Side;
 use crate::measure::{median, spread};
 use crate::report::{count, ratio};
 use crate::servers::{BenchDb, Server};

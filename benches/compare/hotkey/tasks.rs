@@ -1,6 +1,6 @@
 //! Section 3's contenders and their task loop, shared by the cells of
-//! [`hotkey`](crate::hotkey) and by the worker processes of
-//! [`hotkey_procs`](crate::hotkey_procs): dblock's `acquire`, the old design's polling
+//! [`hotkey`](super) and by the worker processes of
+//! [`workers`](super::workers): dblock's `acquire`, the old design's polling
 //! loop, and the hand-written retry-at-once loop; `contend` runs tasks that take the key,
 //! hold it [`HOLD`] and release it, turn after turn.
 
@@ -11,9 +11,10 @@ use std::time::Duration;
 use dblock::{LockGuard, Locker, RetryPolicy};
 use tokio::time::Instant;
 
-use crate::handwritten::{HandLock, new_owner};
-use crate::measure::{counting_polls, in_tasks};
+use crate::handwritten::HandLock;
+use crate::measure::{counting_polls, in_tasks, new_owner};
 use crate::servers::BenchDb;
+
 /// How long every holder of every cell keeps the key.
 pub const HOLD: Duration = Duration::from_millis(2);
 pub const LEASE: Duration = Duration::from_secs(30);

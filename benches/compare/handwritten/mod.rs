@@ -8,7 +8,13 @@
 //!
 //! *Seeds'*: the simpler scheme the tutorials in `shared/seeds` teach, on their
 //! three-column table: a plain `INSERT` (a duplicate key means someone else holds the
-//! lock; no takeover of expired rows, no fencing token) and an owner-checked `DELETE`.
+//! lock; no takeover of expired rows, no fencing token) and an owner-checked `DELETE`
+//! ([`seeds`]).
+//!
+//! *Floor*: two round trips that lock nothing ([`floor`]).
+
+pub mod floor;
+pub mod seeds;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,18 +24,13 @@ use futures::future::BoxFuture;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySqlPool, PgPool};
 
-use crate::measure::{BoxError, Contender};
+use crate::measure::{BoxError, Contender, new_owner};
 
 /// The lease every uncontended cycle asks for (dblock's default lease).
 pub const LEASE: Duration = dblock::DEFAULT_LEASE;
 
 fn lease_micros(lease: Duration) -> i64 {
     i64::try_from(lease.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// A fresh owner value, made as dblock makes its own (32 hex digits of a v4 UUID).
-pub fn new_owner() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
 }
 
 // PostgreSQL, from src/dialect/postgres.rs.
@@ -101,8 +102,8 @@ pub fn check_fence_sql(postgres: bool, table: &str) -> String {
 
 /// Fails when a statement above no longer matches the dialect source it was copied from.
 pub fn check_copies() -> Result<(), String> {
-    const PG_SOURCE: &str = include_str!("../../src/dialect/postgres.rs");
-    const MY_SOURCE: &str = include_str!("../../src/dialect/mysql.rs");
+    const PG_SOURCE: &str = include_str!("../../../src/dialect/postgres.rs");
+    const MY_SOURCE: &str = include_str!("../../../src/dialect/mysql.rs");
     let copies = [
         ("postgres.rs", PG_SOURCE, "ACQUIRE", PG_ACQUIRE),
         ("postgres.rs", PG_SOURCE, "RELEASE", PG_RELEASE),
@@ -119,7 +120,7 @@ pub fn check_copies() -> Result<(), String> {
             Some(_) => {
                 return Err(format!(
                     "src/dialect/{file} changed its {name} statement: update the hand-written \
-                     copy in benches/compare/handwritten.rs so the baseline sends the same SQL"
+                     copy in benches/compare/handwritten/mod.rs so the baseline sends the same SQL"
                 ));
             }
             None => {
@@ -417,223 +418,5 @@ impl HandLock for MyHand {
 
     fn lost_race(&self, err: &sqlx::Error) -> bool {
         my_lost_race(err)
-    }
-}
-
-/// The seeds' scheme on PostgreSQL.
-pub struct PgSeed {
-    pool: PgPool,
-    insert: Arc<str>,
-    delete: Arc<str>,
-}
-
-impl PgSeed {
-    pub fn create_table(table: &str) -> String {
-        format!(
-            "CREATE TABLE {table} (
-                 lock_key    VARCHAR(128) PRIMARY KEY,
-                 lock_value  VARCHAR(64)  NOT NULL,
-                 expire_time TIMESTAMPTZ  NOT NULL)"
-        )
-    }
-
-    pub fn new(pool: PgPool, table: &str) -> Self {
-        PgSeed {
-            pool,
-            insert: statement(
-                "INSERT INTO {table} (lock_key, lock_value, expire_time) \
-                 VALUES ($1, $2, NOW() + INTERVAL '30 seconds')",
-                table,
-            ),
-            delete: statement(
-                "DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2",
-                table,
-            ),
-        }
-    }
-}
-
-impl HandLock for PgSeed {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            let inserted = sqlx::query(audited(&self.insert))
-                .bind(key)
-                .bind(owner)
-                .execute(&self.pool)
-                .await;
-            match inserted {
-                Ok(_) => Ok(Some(0)),
-                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(None),
-                Err(err) => Err(err),
-            }
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        _token: i64,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let done = sqlx::query(audited(&self.delete))
-                .bind(key)
-                .bind(owner)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
-    }
-
-    fn lost_race(&self, err: &sqlx::Error) -> bool {
-        pg_lost_race(err)
-    }
-}
-
-/// The seeds' scheme on MySQL / MariaDB, with their DDL as written.
-pub struct MySeed {
-    pool: MySqlPool,
-    insert: Arc<str>,
-    delete: Arc<str>,
-}
-
-impl MySeed {
-    pub fn create_table(table: &str) -> String {
-        format!(
-            "CREATE TABLE {table} (
-                 lock_key    VARCHAR(128) NOT NULL,
-                 lock_value  VARCHAR(64)  NOT NULL,
-                 expire_time DATETIME     NOT NULL,
-                 PRIMARY KEY (lock_key)) ENGINE = InnoDB"
-        )
-    }
-
-    pub fn new(pool: MySqlPool, table: &str) -> Self {
-        MySeed {
-            pool,
-            insert: statement(
-                "INSERT INTO {table} (lock_key, lock_value, expire_time) \
-                 VALUES (?, ?, NOW() + INTERVAL 30 SECOND)",
-                table,
-            ),
-            delete: statement(
-                "DELETE FROM {table} WHERE lock_key = ? AND lock_value = ?",
-                table,
-            ),
-        }
-    }
-}
-
-impl HandLock for MySeed {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            let inserted = sqlx::query(audited(&self.insert))
-                .bind(key)
-                .bind(owner)
-                .execute(&self.pool)
-                .await;
-            match inserted {
-                Ok(_) => Ok(Some(0)),
-                Err(sqlx::Error::Database(db)) if db.is_unique_violation() => Ok(None),
-                Err(err) => Err(err),
-            }
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        _token: i64,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let done = sqlx::query(audited(&self.delete))
-                .bind(key)
-                .bind(owner)
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        })
-    }
-
-    fn lost_race(&self, err: &sqlx::Error) -> bool {
-        my_lost_race(err)
-    }
-}
-
-/// The floor of any lock that takes two statements: each "statement" a `SELECT` of the
-/// same two binds (key and owner) that touches no table, on the same pool. Nothing is
-/// locked; it tells what the server's round trips alone allow on this machine, which
-/// bounds every two-statement protocol here (dblock's, the seeds', relaxed or durable).
-pub struct Floor<DB: sqlx::Database> {
-    pool: sqlx::Pool<DB>,
-    /// `SELECT` of the two binds, in the backend's bind marks.
-    select: &'static str,
-}
-
-impl<DB: sqlx::Database> Floor<DB> {
-    pub fn new(pool: sqlx::Pool<DB>, select: &'static str) -> Self {
-        Floor { pool, select }
-    }
-}
-
-impl<DB> Floor<DB>
-where
-    DB: sqlx::Database,
-    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
-    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    /// One "statement" of the floor: the `SELECT` of the binds, its row read.
-    async fn round_trip(&self, key: &str, owner: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(AssertSqlSafe(self.select))
-            .bind(key.to_owned())
-            .bind(owner.to_owned())
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(())
-    }
-}
-
-impl<DB> HandLock for Floor<DB>
-where
-    DB: sqlx::Database,
-    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
-    <DB as sqlx::Database>::Arguments: sqlx::IntoArguments<DB>,
-    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
-{
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            self.round_trip(key, owner).await?;
-            Ok(Some(0))
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        key: &'a str,
-        owner: &'a str,
-        _token: i64,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            self.round_trip(key, owner).await?;
-            Ok(true)
-        })
-    }
-
-    fn lost_race(&self, _err: &sqlx::Error) -> bool {
-        false
     }
 }

@@ -28,11 +28,10 @@ use dblock::Locker;
 use sqlx::Pool;
 use tokio::time::Instant;
 
-use crate::handwritten::new_owner;
-use crate::hotkey_tasks::{WAIT, poll_acquire};
-use crate::measure::{median, spread, turn_order};
+use super::tasks::{WAIT, poll_acquire};
+use crate::measure::{median, new_owner, spread, turn_order};
 use crate::report::{Table, count, ms, ratio, verdict};
-use crate::servers::{BenchDb, Server, pool_settings};
+use crate::servers::{BenchDb, Server, counting_admin};
 use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_hot_pool";
@@ -195,28 +194,6 @@ async fn round<DB: BenchDb>(
     let after = DB::statements_seen(admin).await?;
     r.statements = after.saturating_sub(before + DB::STATEMENTS_PER_READING + sent);
     Ok(r)
-}
-
-/// A pool of one connection of its own for the statement readings (so nothing else is
-/// counted on it), with `table` freshly migrated on it, after waiting out the server's
-/// statistics lag (counts of earlier work still held by idle sessions must not land in
-/// a round).
-pub async fn counting_admin<DB: BenchDb>(
-    server: &Server<DB>,
-    table: &str,
-) -> Result<Pool<DB>, Box<dyn std::error::Error>> {
-    let admin: Pool<DB> = pool_settings::<DB>()
-        .max_connections(1)
-        .connect(&server.url)
-        .await?;
-    DB::drop_lock_table(&admin, table).await?;
-    Locker::builder(admin.clone())
-        .table(table)
-        .build()?
-        .migrate()
-        .await?;
-    tokio::time::sleep(DB::STATISTICS_LAG).await;
-    Ok(admin)
 }
 
 /// Cell 3 on one server; its markdown.

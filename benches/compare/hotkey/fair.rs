@@ -1,7 +1,7 @@
 //! Section 3, cell 4: fair mode against the default, 2 real OS processes x 4 tasks on one
 //! hot key, each process with its own Locker and pool.
 //!
-//! The workers and their rounds are cell 2's ([`hotkey_procs::round`]); the job's last
+//! The workers and their rounds are cell 2's ([`workers::round`]); the job's last
 //! word says whether their Lockers are built with `fair(true)`. The two contenders take
 //! turns in rounds ([`turn_order`]). Each worker reports its grants as
 //! `fencing_token:ticket`: a key's fencing token rises with every grant, so the merged
@@ -10,7 +10,7 @@
 //! counts the inversions, pairs of such grants where the earlier grant has the higher
 //! ticket (0 is the target).
 //!
-//! Statements on the server, as in [`hotkey_pool`](crate::hotkey_pool): a connection of
+//! Statements on the server, as in [`pool`](super::pool): a connection of
 //! its own reads [`BenchDb::statements_seen`] before the workers start and again once
 //! they have exited and their sessions are gone ([`BenchDb::await_sessions_gone`]: the
 //! workers' pools carry the dedicated pools' name; PostgreSQL counts a session's
@@ -25,13 +25,11 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use crate::handwritten::new_owner;
-use crate::hotkey_pool::counting_admin;
-use crate::hotkey_procs::{self, Mode, Report};
-use crate::hotkey_tasks::Grant;
-use crate::measure::{median, spread, turn_order};
+use super::tasks::Grant;
+use super::workers::{self, Mode, Report};
+use crate::measure::{median, new_owner, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
-use crate::servers::{BenchDb, Server};
+use crate::servers::{BenchDb, Server, counting_admin};
 use crate::settings::Settings;
 
 const TABLE: &str = "bench_lock_hot_fair";
@@ -130,7 +128,7 @@ async fn round<DB: BenchDb>(
     length: Duration,
 ) -> Result<Round, Box<dyn std::error::Error>> {
     let before = DB::statements_seen(admin).await?;
-    let reports = hotkey_procs::round(&server.url, TABLE, key, length, mode).await?;
+    let reports = workers::round(&server.url, TABLE, key, length, mode).await?;
     let sent = DB::await_sessions_gone(admin).await;
     let after = DB::statements_seen(admin).await?;
     let grants = reports

@@ -9,7 +9,7 @@
 //! the statements they send (one per connection given back; see `counting_pool`).
 //!
 //! Two more contenders put the targets against the server-side queue in context: an
-//! in-process `tokio::sync::Mutex` ([`hotkey_ceiling`](crate::hotkey_ceiling)), the
+//! in-process `tokio::sync::Mutex` ([`ceiling`](super::ceiling)), the
 //! fastest a FIFO handoff can be with no database at all, and, on PostgreSQL, dblock on a
 //! relaxed (`UNLOGGED`) lock table, which shows what the durable commit costs each
 //! handoff.
@@ -22,14 +22,14 @@ use std::time::Duration;
 use dblock::Locker;
 use tokio::time::Instant;
 
-use crate::cycle::RELAXED;
-use crate::handwritten::new_owner;
-use crate::hotkey::{Counts, Round, TASKS, measured};
-use crate::hotkey_ceiling::{self, Ceiling};
-use crate::hotkey_load::{Burners, counting_pool};
-use crate::hotkey_queue::Queue;
-use crate::hotkey_tasks::{Side, contend};
-use crate::measure::{median, spread, turn_order};
+use super::ceiling::{self, Ceiling};
+use super::load::{Burners, counting_pool};
+use super::queue::Queue;
+use super::round::{Counts, Round, TASKS, measured};
+use super::tasks::{Side, contend};
+use super::thread;
+use crate::contenders::RELAXED;
+use crate::measure::{Samples, median, new_owner, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
@@ -83,7 +83,7 @@ impl<DB: BenchDb> Contender<DB> {
                 "server-side queue: `{}`, a connection per task (hand-written)",
                 DB::QUEUE_LOCK
             ),
-            Contender::Ceiling(_) => hotkey_ceiling::NAME.to_owned(),
+            Contender::Ceiling(_) => ceiling::NAME.to_owned(),
             Contender::Relaxed(_) => RELAXED.to_owned(),
         }
     }
@@ -174,7 +174,7 @@ pub async fn cell<DB: BenchDb>(
     } else {
         quiet_targets(&mut out, &mut rounds);
         let retakes = median(rounds[POLL].iter().map(Round::retake_share));
-        out.push_str(&crate::hotkey_thread::ceiling::<DB>(settings, &server.url, retakes).await);
+        out.push_str(&thread::ceiling::<DB>(settings, &server.url, retakes).await);
     }
     for (name, rs) in names.iter().zip(&rounds) {
         if let Some(err) = rs.iter().find_map(|r| r.first_error.as_ref()) {
@@ -328,11 +328,7 @@ fn render(names: &[String], rounds: &mut [Vec<Round>]) -> String {
 }
 
 /// The median across rounds of one percentile of some samples, in seconds.
-fn percentile(
-    rounds: &mut [Round],
-    samples: fn(&mut Round) -> &mut crate::measure::Samples,
-    p: f64,
-) -> f64 {
+fn percentile(rounds: &mut [Round], samples: fn(&mut Round) -> &mut Samples, p: f64) -> f64 {
     median(
         rounds
             .iter_mut()
