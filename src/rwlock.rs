@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use crate::acquire::{self, Request, WriteAttempt};
+use crate::acquire::{self, Request};
 use crate::config::{validate_lease, validate_wait};
 use crate::dialect::Backend;
 use crate::error::{Error, LostReason, Result};
@@ -43,6 +43,7 @@ use crate::locker::Locker;
 use crate::metrics::{self, Kind};
 use crate::primitive::{group_key, member_key, validate_name};
 use crate::retry::Backoff;
+use crate::several::{self, WriteAttempt};
 
 /// The longest suffix of the lock's rows: `read-` and 16 hex digits.
 const LONGEST_SUFFIX: usize = "read-0123456789abcdef".len();
@@ -269,7 +270,7 @@ impl<DB: Backend> RwLock<DB> {
         let keys = [self.writer_key(), self.grant_key()];
         let readers = member_key(&self.name, "read-");
         let renew = self.locker.renew_every(lease);
-        let attempt = acquire::attempt_write(core, &keys, &readers, owner, lease, renew, ticket);
+        let attempt = several::attempt_write(core, &keys, &readers, owner, lease, renew, ticket);
         Ok(Some(Box::pin(attempt).await?))
     }
 

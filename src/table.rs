@@ -662,7 +662,8 @@ impl<DB: Backend> LockTable<DB> {
                     let returns = self.upsert_returns_on(&mut *conn).await?;
                     let wait = until.saturating_duration_since(Instant::now());
                     let lease = micros(lease);
-                    DB::acquire_read(conn, &self.sql, key, grant, owner, lease, wait, returns).await
+                    let keys = (key, grant);
+                    DB::acquire_read(conn, &self.sql, keys, owner, lease, wait, returns).await
                 }),
             )
             .await;

@@ -325,8 +325,8 @@ pub trait LockSql: Dialect {
         async { Ok(false) }
     }
 
-    /// A read-write lock's reader: [`acquire`](Self::acquire) of the reader's row `key`,
-    /// ordered with every transaction that holds the write grant `grant` (see
+    /// A read-write lock's reader: [`acquire`](Self::acquire) of the reader's row `key`
+    /// (`(key, grant)`), ordered with every transaction that holds the write grant `grant` (see
     /// [`live_member`](Self::live_member)): a reader whose statement overlaps a write's
     /// transaction commits after it, so its look for the writer's row finds it. Where the
     /// plain acquisition is ordered that way already (MySQL: readers draw their tokens
@@ -335,8 +335,7 @@ pub trait LockSql: Dialect {
     fn acquire_read(
         conn: &mut Self::Connection,
         sql: &Self::Statements,
-        key: &str,
-        grant: &str,
+        (key, grant): (&str, &str),
         owner: &str,
         lease_micros: i64,
         wait: std::time::Duration,

@@ -401,8 +401,7 @@ impl LockSql for Postgres {
     async fn acquire_read(
         conn: &mut PgConnection,
         sql: &Statements,
-        key: &str,
-        grant: &str,
+        (key, grant): (&str, &str),
         owner: &str,
         lease_micros: i64,
         wait: std::time::Duration,
