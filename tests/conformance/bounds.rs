@@ -144,6 +144,22 @@ pub async fn an_abandoned_attempt_never_commits_after_its_deadline<DB: TestBacke
         .assert_held(&mut tx)
         .await
         .expect("held, and its row locked");
+    // Kept from sitting idle until the test lets it go: on PostgreSQL `assert_held` bounds
+    // its transaction's idle time by the lease's remaining time, and the server would end
+    // it (freeing the row) long before the attempt's deadline.
+    let (let_go, stop) = tokio::sync::oneshot::channel::<()>();
+    let pinger = tokio::spawn(async move {
+        let mut stop = stop;
+        loop {
+            sqlx::Connection::ping(&mut *tx)
+                .await
+                .expect("ping the fence");
+            tokio::select! {
+                _ = &mut stop => return drop(tx),
+                _ = sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
     wait_until(
         "the holder's lease ran out",
         Duration::from_secs(10),
@@ -178,7 +194,8 @@ pub async fn an_abandoned_attempt_never_commits_after_its_deadline<DB: TestBacke
 
     // The lock goes only after the attempt's deadline (sent + lease) has passed.
     tokio::time::sleep_until(sent + lease + Duration::from_millis(500)).await;
-    drop(tx);
+    let_go.send(()).ok();
+    pinger.await.expect("the fence's pinger");
     drop(holder);
 
     // Absence can only be watched for: a late commit comes within milliseconds of the
