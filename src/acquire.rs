@@ -42,6 +42,9 @@ pub(crate) struct Request<'a> {
     /// Fair mode: the waiter's ticket (`None`: it has none, and any live ticket of the
     /// key is ahead of it).
     pub(crate) ticket: Option<i64>,
+    /// A read-write lock's reader: the grant key whose writes the acquisition is ordered
+    /// with ([`LockTable::acquire_read`]).
+    pub(crate) beside: Option<&'a str>,
 }
 
 /// A reentrant owner's gate, shut while its owner value is in use by an attempt. An
@@ -120,7 +123,7 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
 /// Removes the row an acquisition nobody will use may have left: the won row by its
 /// token, or (outcome unknown) whatever row `owner` holds for `key`; retried until
 /// `until`, when the lease would have ended anyway.
-async fn remove_leftover<DB: Backend>(
+pub(crate) async fn remove_leftover<DB: Backend>(
     table: &LockTable<DB>,
     policy: &RetryPolicy,
     key: &str,
@@ -175,8 +178,12 @@ pub(crate) async fn attempt<DB: Backend>(
             request.owner.to_owned(),
             request.lease,
         );
+        let beside = request.beside.map(str::to_owned);
         Box::pin(async move {
-            let outcome = table.acquire(&key, &owner, lease, until).await;
+            let outcome = match &beside {
+                Some(grant) => table.acquire_read(&key, grant, &owner, lease, until).await,
+                None => table.acquire(&key, &owner, lease, until).await,
+            };
             Answer {
                 outcome,
                 key,
@@ -251,7 +258,7 @@ pub(crate) async fn attempt<DB: Backend>(
 /// before `until`, the lease's end at the earliest by the database clock): its holder
 /// could not act on it, so it becomes no guard. Its rows (all of one owner) go in the
 /// background, each by its token, while there is time; else they expire.
-fn late<DB: Backend>(core: &Core<DB>, won: Vec<Won>, until: Instant) -> Error {
+pub(crate) fn late<DB: Backend>(core: &Core<DB>, won: Vec<Won>, until: Instant) -> Error {
     Counters::bump(&core.counters.late_answers);
     let key = won.first().map(|won| won.key.clone()).unwrap_or_default();
     tracing::warn!(
@@ -285,117 +292,6 @@ fn fresh<DB: Backend>(core: &Core<DB>, lease: Arc<Lease>) -> Result<Arc<Lease>> 
             let key = lease.key.clone();
             core.engine.release_in_background(lease);
             Err(Error::LockLost { key, reason })
-        }
-    }
-}
-
-/// The transaction of an attempt at several keys, in flight. Dropped before it answered,
-/// it hands the transaction to a background job, which lets it finish and removes the
-/// rows it may have won.
-struct AllInFlight<'c, DB: Backend> {
-    core: &'c Core<DB>,
-    statement: Option<Statement<Result<Option<Vec<Acquired>>>>>,
-    keys: &'c [String],
-    owner: &'c str,
-    until: Instant,
-}
-
-impl<DB: Backend> Drop for AllInFlight<'_, DB> {
-    fn drop(&mut self) {
-        let Some(statement) = self.statement.take() else {
-            return;
-        };
-        let (table, policy) = (Arc::clone(&self.core.table), self.core.retry);
-        let (keys, owner) = (self.keys.to_vec(), self.owner.to_owned());
-        // As after a single attempt (see `InFlight`).
-        let until = self.until + table.statement_timeout();
-        self.core.jobs.spawn(async move {
-            let tokens: Vec<Option<i64>> = match tokio::time::timeout_at(until, statement).await {
-                Ok(Ok(None)) => return,
-                Ok(Ok(Some(won))) => won.iter().map(|won| Some(won.fencing_token)).collect(),
-                Ok(Err(_)) | Err(_) => vec![None; keys.len()],
-            };
-            for (key, token) in keys.iter().zip(tokens) {
-                remove_leftover(&table, &policy, key, &owner, token, until).await;
-            }
-        });
-    }
-}
-
-/// One attempt at all of `keys` (validated, sorted, distinct) for `owner`, all or
-/// nothing in one transaction; the leases, in the keys' order, or `None` when a key was
-/// held or the race lost. Cancel safe as [`attempt`].
-pub(crate) async fn attempt_all<DB: Backend>(
-    core: &Core<DB>,
-    keys: &[String],
-    owner: &str,
-    lease: Duration,
-    renew: Option<Duration>,
-) -> Result<Option<Vec<Arc<Lease>>>> {
-    core.margin.check(lease, renew)?;
-    Counters::bump(&core.counters.attempts);
-    let sent_at = Instant::now();
-    let until = sent_at + lease;
-    let statement: Statement<Result<Option<Vec<Acquired>>>> = {
-        let table = Arc::clone(&core.table);
-        let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
-        Box::pin(async move {
-            table
-                .acquire_all(&sent_keys, &sent_owner, lease, until)
-                .await
-        })
-    };
-    let mut in_flight = AllInFlight {
-        core,
-        statement: Some(statement),
-        keys,
-        owner,
-        until,
-    };
-    let outcome = answer(&mut in_flight.statement).await;
-    match outcome {
-        Ok(Some(won)) => {
-            let won: Vec<Won> = keys
-                .iter()
-                .zip(won)
-                .map(|(key, won)| Won {
-                    key: key.clone(),
-                    owner: owner.to_owned(),
-                    fencing_token: won.fencing_token,
-                    expires_at: won.expires_at,
-                    length: lease,
-                    interval: renew,
-                    sent_at,
-                    margin: core.margin,
-                })
-                .collect();
-            if won
-                .first()
-                .is_some_and(|won| Instant::now() >= won.deadline())
-            {
-                return Err(late(core, won, until));
-            }
-            Counters::bump(&core.counters.acquired);
-            tracing::debug!(?keys, owner, "locks acquired");
-            let leases = won
-                .into_iter()
-                .map(|won| core.engine.start_lease(won))
-                .collect();
-            Ok(Some(leases))
-        }
-        Ok(None) => Ok(None),
-        Err(err) => {
-            // The answer was lost, not necessarily the commit: the rows this owner may
-            // hold go in the background, as after a lost single attempt.
-            let (table, policy) = (Arc::clone(&core.table), core.retry);
-            let (keys, owner) = (keys.to_vec(), owner.to_owned());
-            let until = until + table.statement_timeout();
-            core.jobs.spawn(async move {
-                for key in &keys {
-                    remove_leftover(&table, &policy, key, &owner, None, until).await;
-                }
-            });
-            Err(err)
         }
     }
 }

@@ -208,6 +208,57 @@ impl<DB: Backend> LockGuard<DB> {
         metrics::in_span(span, || self.end_lease(), metrics::release_outcome).await
     }
 
+    /// Releases this guard's row and `other`'s in one statement (one commit; the keys in
+    /// byte order, this guard's first), each answering as [`release`](Self::release)
+    /// does (this guard's answer, then `other`'s; a failed statement's error is this
+    /// guard's). Both rows go either way. Not for a reentrant owner's guards (never nested here).
+    /// Cancel safe as `release`: a drop before the answer releases both in the background.
+    pub(crate) async fn release_with(
+        mut self,
+        mut other: LockGuard<DB>,
+    ) -> (Result<()>, Result<()>) {
+        // Each the only hold of its lease (a read-write lock's guards are never a
+        // reentrant owner's): given back, the rows go.
+        self.lease.unnest();
+        other.lease.unnest();
+        self.hold = Hold::Ending;
+        other.hold = Hold::Ending;
+        let span = metrics::release_span(self.key(), self.lock_table().name());
+        let release = async {
+            let leases = [&*self.lease, &*other.lease];
+            let outcome = self.core.engine.release_together(&leases).await;
+            match outcome {
+                Ok(deleted) => {
+                    self.hold = Hold::Done;
+                    other.hold = Hold::Done;
+                    let first = self.answer(deleted.first().copied().flatten());
+                    let second = other.answer(deleted.get(1).copied().flatten());
+                    (first, second)
+                }
+                // Both kept trying in the background (`Ending`, dropped here) until their
+                // leases would expire anyway; the statement's error is said once.
+                Err(err) => (Err(err), Ok(())),
+            }
+        };
+        let outcome = |(first, second): &(Result<()>, Result<()>)| match first {
+            Ok(()) => metrics::release_outcome(second),
+            Err(_) => metrics::release_outcome(first),
+        };
+        metrics::in_span(span, || release, outcome).await
+    }
+
+    /// What a release that found `deleted` answers (see [`release`](Self::release)).
+    fn answer(&self, deleted: Option<bool>) -> Result<()> {
+        match deleted {
+            Some(false) => Ok(()),
+            Some(true) => Err(Error::LockLost {
+                key: self.key().to_owned(),
+                reason: LostReason::Expired,
+            }),
+            None => Err(self.not_held()),
+        }
+    }
+
     /// The release of the last hold: renewal stops, the row goes.
     async fn end_lease(mut self) -> Result<()> {
         let outcome = self.core.engine.release(&self.lease).await;

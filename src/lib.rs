@@ -39,6 +39,7 @@ mod lease;
 mod line;
 mod queue;
 mod reaper;
+mod several;
 mod wakeups;
 // The lock-table access layer (the only sender of lock-table SQL) and migrations.
 mod migrate;

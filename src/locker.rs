@@ -851,6 +851,7 @@ impl<DB: Backend> Locker<DB> {
             lease,
             renew,
             ticket,
+            beside: None,
         };
         acquire::attempt(&self.core, request, gate)
     }

@@ -10,6 +10,7 @@ use crate::error::{Error, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::metrics::{self, Kind};
+use crate::several;
 
 /// Most keys one [`Locker::try_acquire_all`] takes.
 pub const MAX_KEYS_AT_ONCE: usize = 100;
@@ -144,7 +145,7 @@ impl<DB: Backend> Locker<DB> {
         validate_lease(lease)?;
         let owner = self.core.new_owner();
         let renew = self.renew_every(lease);
-        let attempt = Box::pin(acquire::attempt_all(
+        let attempt = Box::pin(several::attempt_all(
             &self.core, &keys, &owner, lease, renew,
         ));
         let shown = keys.join(", ");
@@ -183,7 +184,7 @@ impl<DB: Backend> Locker<DB> {
             &keys[0],
             wait,
             async |_| {
-                let won = acquire::attempt_all(core, &keys, &owner, lease, renew).await?;
+                let won = several::attempt_all(core, &keys, &owner, lease, renew).await?;
                 Ok(won.map(|mut leases| {
                     let first = leases.remove(0);
                     *others.lock().unwrap_or_else(|e| e.into_inner()) = leases;

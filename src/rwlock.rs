@@ -1,16 +1,30 @@
 //! [`RwLock`]: any number of readers or one writer, across processes, writers first.
 //!
 //! Rows (all leases, renewed and fenced as the mutex's): `<name>~write`, the writer's,
-//! taken by a writer before it waits for the readers (so that no new reader gets in:
-//! writers are not starved); `<name>~read-<16 hex>`, one per reader; `<name>~write-grant`,
-//! taken by the writer once no reader is left, whose fencing token is the write guard's.
+//! which keeps new readers out (writers are not starved); `<name>~read-<16 hex>`, one per
+//! reader; `<name>~write-grant`, taken by the writer once no reader is left, whose fencing
+//! token is the write guard's.
 //!
-//! Why it is safe without a transaction over several rows: a reader writes its row, then
-//! reads the writer's; a writer writes its row, then reads the readers'. Each step is a
-//! statement committed before the next one starts, so of a reader and a writer that
-//! overlap at least one sees the other's row (if the reader's read missed the writer's
-//! row, that row was committed after the read began, hence after the reader's row was,
-//! and the writer's later read finds it) and steps back.
+//! A write with no reader in the way costs two commits, as a mutex's cycle: one
+//! transaction takes the writer's and the grant's rows and looks for a live reader (kept
+//! only if there is none), and one statement releases both rows. A reader writes its row
+//! (one commit), then reads the writer's; that statement is ordered with every write's
+//! transaction ([`LockSql::acquire_read`](crate::dialect::LockSql::acquire_read): on
+//! PostgreSQL it holds the grant key's advisory lock shared, which the write's grant
+//! insert holds exclusively until it commits; on MySQL it draws its token from the
+//! grant's counter row, which that insert keeps locked; SQLite has one writer at a time).
+//! So a reader's row commits either before the write's grant row was taken (the write's
+//! look, a statement after that, sees it and rolls back) or after the write committed
+//! (the reader's look sees the writer's row and steps back), and the write's token,
+//! drawn after every such reader's, is above theirs.
+//!
+//! When readers hold, the writer waits as before, in steps each committed before the
+//! next starts: it takes its row alone, then reads the readers' until none is left, then
+//! takes the grant. Of a reader and a writer that overlap at least one sees the other's
+//! row (if the reader's read missed the writer's row, that row was committed after the
+//! read began, hence after the reader's row was, and the writer's later read finds it)
+//! and steps back. On MariaDB Galera, whose row locks are each node's own, every write
+//! takes that path.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -19,7 +33,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use crate::acquire;
+use crate::acquire::{self, Request};
 use crate::config::{validate_lease, validate_wait};
 use crate::dialect::Backend;
 use crate::error::{Error, LostReason, Result};
@@ -29,6 +43,7 @@ use crate::locker::Locker;
 use crate::metrics::{self, Kind};
 use crate::primitive::{group_key, member_key, validate_name};
 use crate::retry::Backoff;
+use crate::several::{self, WriteAttempt};
 
 /// The longest suffix of the lock's rows: `read-` and 16 hex digits.
 const LONGEST_SUFFIX: usize = "read-0123456789abcdef".len();
@@ -138,7 +153,8 @@ impl<DB: Backend> ReadGuard<DB> {
 
 /// A held write of an [`RwLock`]: two rows, the writer's (which keeps new readers out)
 /// and the grant (taken once no reader was left, whose fencing token is the write's).
-/// Dropped, both are released in the background as a guard's row is.
+/// [`release`](Self::release) deletes both in one statement. Dropped, both are released
+/// in the background as a guard's row is.
 ///
 /// # Examples
 /// ```
@@ -197,15 +213,17 @@ impl<DB: Backend> WriteGuard<DB> {
             .or_else(|| self.writer.lost_reason())
     }
 
-    /// Ends the write: the grant's row, then the writer's (which lets readers in).
-    /// Errors as [`LockGuard::release`], the grant's first.
+    /// Ends the write: deletes both rows, the grant's and the writer's (which lets
+    /// readers in), in one statement, each owner- and token-checked. Errors as
+    /// [`LockGuard::release`], the grant's first.
     ///
     /// # Cancel safety
-    /// As [`LockGuard::release`]: a row not yet released when the future is dropped is
-    /// released in the background.
+    /// As [`LockGuard::release`]: if the future is dropped before the database answered,
+    /// both rows are released in the background.
     pub async fn release(self) -> Result<()> {
-        let granted = self.grant.release().await;
-        let writer = self.writer.release().await;
+        // In key order (`<name>~write` before `<name>~write-grant`), as every batch of
+        // rows is deleted.
+        let (writer, granted) = self.writer.release_with(self.grant).await;
         granted.and(writer)
     }
 }
@@ -229,6 +247,31 @@ impl<DB: Backend> RwLock<DB> {
 
     fn writer_key(&self) -> String {
         member_key(&self.name, "write")
+    }
+
+    fn grant_key(&self) -> String {
+        member_key(&self.name, "write-grant")
+    }
+
+    /// A write's attempt at both its rows in one transaction, unless the server certifies
+    /// writes at commit (MariaDB Galera): there row locks are each node's own, and do not
+    /// order a reader with the transaction; `None` then, and the write takes its rows in
+    /// steps.
+    async fn attempt_both(
+        &self,
+        owner: &str,
+        lease: Duration,
+        ticket: Option<i64>,
+    ) -> Result<Option<WriteAttempt>> {
+        let core = &self.locker.core;
+        if core.table.certifies_writes().await? {
+            return Ok(None);
+        }
+        let keys = [self.writer_key(), self.grant_key()];
+        let readers = member_key(&self.name, "read-");
+        let renew = self.locker.renew_every(lease);
+        let attempt = several::attempt_write(core, &keys, &readers, owner, lease, renew, ticket);
+        Ok(Some(Box::pin(attempt).await?))
     }
 
     /// One attempt to read for `lease`: `Ok(None)` when a writer holds or waits for the
@@ -310,6 +353,11 @@ impl<DB: Backend> RwLock<DB> {
 
     async fn attempt_write(&self, lease: Duration) -> Result<Option<WriteGuard<DB>>> {
         let owner = self.locker.core.new_owner();
+        match self.attempt_both(&owner, lease, None).await? {
+            Some(WriteAttempt::Won(leases)) => return Ok(Some(self.write_guard(leases))),
+            Some(WriteAttempt::Held | WriteAttempt::Read) => return Ok(None),
+            None => {}
+        }
         let key = self.writer_key();
         let Some(writer) = self
             .locker
@@ -349,13 +397,31 @@ impl<DB: Backend> RwLock<DB> {
         let owner = self.locker.core.new_owner();
         let key = self.writer_key();
         let core = &self.locker.core;
+        // The grant's guard, when an attempt took both rows at once (a guard at once: a
+        // wait dropped after that attempt releases the row).
+        let granted = std::sync::Mutex::new(None);
         let writer = Box::pin(acquire::wait_for(core, &key, wait, None, async |ticket| {
+            match self.attempt_both(&owner, lease, ticket).await? {
+                Some(WriteAttempt::Won(mut leases)) => {
+                    let grant = leases.pop().expect("the grant's lease");
+                    let grant = self.locker.guard(grant);
+                    *granted.lock().unwrap_or_else(|e| e.into_inner()) = Some(grant);
+                    return Ok(leases.pop());
+                }
+                Some(WriteAttempt::Held) => return Ok(None),
+                // Readers hold: the writer's row alone, to keep new readers out while
+                // they finish.
+                Some(WriteAttempt::Read) | None => {}
+            }
             self.locker
                 .attempt(&key, &owner, lease, ticket, &mut None)
                 .await
         }))
         .await?;
         let writer = self.locker.guard(writer);
+        if let Some(grant) = granted.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Ok(WriteGuard { grant, writer });
+        }
         // Woken by releases of the lock's rows through this Locker (a reader leaving).
         let group = group_key(&self.name);
         let place = core.queues.join_fair(&group);
@@ -409,18 +475,23 @@ impl<DB: Backend> RwLock<DB> {
         // A fresh row each attempt: a row that an earlier attempt could not delete again
         // must not stand in the way of this one. Its key draws its fencing token from the
         // write grant's counter (MySQL has 16), so that a write's token is above it.
-        let grant = member_key(&self.name, "write-grant");
+        let grant = self.grant_key();
         let key = loop {
             let key = member_key(&self.name, &format!("read-{:016x}", fastrand::u64(..)));
             if DB::shares_token_counter(&key, &grant) {
                 break key;
             }
         };
-        let Some(read) = self
-            .locker
-            .attempt(&key, owner, lease, None, &mut None)
-            .await?
-        else {
+        // Ordered with a write's transaction over both its rows (see the module docs).
+        let request = Request {
+            key: &key,
+            owner,
+            lease,
+            renew: self.locker.renew_every(lease),
+            ticket: None,
+            beside: Some(&grant),
+        };
+        let Some(read) = acquire::attempt(&self.locker.core, request, &mut None).await? else {
             return Ok(None);
         };
         let read = self.locker.guard(read);
@@ -429,6 +500,13 @@ impl<DB: Backend> RwLock<DB> {
             return Ok(None);
         }
         Ok(Some(read.into_lease()))
+    }
+
+    /// The write guard of both leases won at once (the writer's, then the grant's).
+    fn write_guard(&self, mut leases: Vec<Arc<Lease>>) -> WriteGuard<DB> {
+        let grant = self.locker.guard(leases.pop().expect("the grant's lease"));
+        let writer = self.locker.guard(leases.pop().expect("the writer's lease"));
+        WriteGuard { grant, writer }
     }
 
     /// Whether a writer holds or waits for the lock: its row is live.
@@ -454,7 +532,7 @@ impl<DB: Backend> RwLock<DB> {
         owner: &str,
         lease: Duration,
     ) -> Result<Option<WriteGuard<DB>>> {
-        let key = member_key(&self.name, "write-grant");
+        let key = self.grant_key();
         match self
             .locker
             .attempt(&key, owner, lease, None, &mut None)

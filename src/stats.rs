@@ -33,6 +33,13 @@ pub struct Stats {
     pub acquired: u64,
     /// Rows released by this locker's guards (explicitly or on drop).
     pub released: u64,
+    /// Release statements sent outside the engine's batches (an explicit
+    /// `release().await`, a handoff, a lease released on its own in the background), each
+    /// one commit whatever its number of rows: a read-write lock's write releases its two
+    /// rows in one. A statement sent again while another session was in the way is not
+    /// counted again. With `attempts` (one statement or transaction each, whatever its
+    /// number of keys) and `release_batches`, the commits this locker's locks cost.
+    pub releases: u64,
     /// Renewal batches sent by the lease engine (counted before they are sent). One batch
     /// renews every due lease of the locker, up to 10,000 of them, in one statement; on
     /// MySQL/MariaDB and SQLite a second one (a read-back) follows only when a lease of
@@ -72,6 +79,7 @@ pub(crate) struct Counters {
     pub(crate) attempts: AtomicU64,
     pub(crate) acquired: AtomicU64,
     pub(crate) released: AtomicU64,
+    pub(crate) releases: AtomicU64,
     pub(crate) renewals: AtomicU64,
     pub(crate) renewed: AtomicU64,
     pub(crate) renewal_errors: AtomicU64,
@@ -94,6 +102,7 @@ impl Counters {
             attempts: self.attempts.load(Relaxed),
             acquired: self.acquired.load(Relaxed),
             released: self.released.load(Relaxed),
+            releases: self.releases.load(Relaxed),
             renewals: self.renewals.load(Relaxed),
             renewed: self.renewed.load(Relaxed),
             renewal_errors: self.renewal_errors.load(Relaxed),

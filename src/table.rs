@@ -68,6 +68,16 @@ async fn take_all<DB: Backend>(
     Ok(Some(won))
 }
 
+/// What a read-write lock's write attempt ([`LockTable::acquire_write`]) came to.
+pub(crate) enum WriteTake {
+    /// Both rows, the writer's and the grant's, committed.
+    Won(Vec<Acquired>),
+    /// A row was held by another owner, or another session got in the way: nothing kept.
+    Held,
+    /// Both rows were free but a reader holds: nothing kept.
+    Read,
+}
+
 /// How many times a statement rolled back as a deadlock victim is sent again.
 const DEADLOCK_RETRIES: u32 = 10;
 
@@ -629,6 +639,129 @@ impl<DB: Backend> LockTable<DB> {
             }
             won => won.map_err(|err| self.error_from(err)),
         }
+    }
+
+    /// A read-write lock's reader: [`acquire`](Self::acquire) of `key`, ordered with the
+    /// write transactions of the grant `grant` ([`LockSql::acquire_read`]). Bounded by
+    /// `until` as `acquire` is.
+    ///
+    /// [`LockSql::acquire_read`]: crate::dialect::LockSql::acquire_read
+    pub(crate) async fn acquire_read(
+        &self,
+        key: &str,
+        grant: &str,
+        owner: &str,
+        lease: Duration,
+        until: Instant,
+    ) -> Result<Option<Acquired>> {
+        let bound = until.max(Instant::now() + LEAST_TRY);
+        let won = self
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let wait = until.saturating_duration_since(Instant::now());
+                    let lease = micros(lease);
+                    let keys = (key, grant);
+                    DB::acquire_read(conn, &self.sql, keys, owner, lease, wait, returns).await
+                }),
+            )
+            .await;
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(key, error = %err, "lost a read's acquisition race");
+                Ok(None)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
+    }
+
+    /// A read-write lock's write in one transaction, one commit: the writer's row and the
+    /// grant's (`keys`, in that order, which is byte order), then a look for a live reader
+    /// (a row whose key starts with `readers`); committed only when both rows were won and
+    /// no reader holds, rolled back otherwise. Bounded by `until` as
+    /// [`acquire`](Self::acquire) is.
+    pub(crate) async fn acquire_write(
+        &self,
+        keys: &[String],
+        readers: &str,
+        owner: &str,
+        lease: Duration,
+        until: Instant,
+    ) -> Result<WriteTake> {
+        let readers_end = prefix_end(readers).unwrap_or_default();
+        let readers = (readers, readers_end.as_str());
+        let bound = until.max(Instant::now() + LEAST_TRY);
+        let won = self
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+                    let taken =
+                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, returns)
+                            .await;
+                    let taken = match taken {
+                        Ok(Some(won)) => {
+                            let (from, to) = readers;
+                            match DB::live_member(&mut tx, &self.sql, from, to).await {
+                                Ok(false) => Ok(WriteTake::Won(won)),
+                                Ok(true) => Ok(WriteTake::Read),
+                                Err(err) => Err(err),
+                            }
+                        }
+                        Ok(None) => Ok(WriteTake::Held),
+                        Err(err) => Err(err),
+                    };
+                    // Ended here, whatever happened, as in `acquire_all`.
+                    match taken {
+                        Ok(WriteTake::Won(won)) => {
+                            tx.commit().await?;
+                            Ok(WriteTake::Won(won))
+                        }
+                        Ok(refused) => {
+                            tx.rollback().await?;
+                            Ok(refused)
+                        }
+                        Err(err) => {
+                            tx.rollback().await.ok();
+                            Err(err)
+                        }
+                    }
+                }),
+            )
+            .await;
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(?keys, error = %err, "lost a write's race");
+                Ok(WriteTake::Held)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
+    }
+
+    /// Owner- and token-checked delete of the rows of `ids` (sorted by key) in one
+    /// statement (or one transaction: one commit) on a pool connection, waking waiters as
+    /// a release does: the rows that were ours and went. Sent again while another session
+    /// is in the way, until `until`, as [`release`](Self::release) is.
+    pub(crate) async fn release_together(
+        &self,
+        ids: &[LockId<'_>],
+        until: Instant,
+    ) -> Result<Vec<ReleasedRow>> {
+        self.contended_until(
+            until,
+            pooled!(|conn| async {
+                match ids {
+                    [a, b] => {
+                        let returns = self.upsert_returns_on(&mut *conn).await?;
+                        DB::release_pair(conn, &self.sql, [*a, *b], returns).await
+                    }
+                    _ => DB::release_batch(conn, &self.sql, ids).await,
+                }
+            }),
+        )
+        .await
     }
 
     /// Owner- and token-checked delete: `Some(expired)` when our row went, saying whether

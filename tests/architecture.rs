@@ -37,7 +37,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "lock algorithm",
         &[
-            "core", "acquire", "engine", "fair", "lease", "line", "queue", "reaper", "wakeups",
+            "core", "acquire", "engine", "fair", "lease", "line", "queue", "reaper", "several",
+            "wakeups",
         ],
     ),
     ("lock-table access", &["table", "migrate"]),

@@ -324,6 +324,51 @@ pub trait LockSql: Dialect {
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
         async { Ok(false) }
     }
+
+    /// A read-write lock's reader: [`acquire`](Self::acquire) of the reader's row `key`
+    /// (`(key, grant)`), ordered with every transaction that holds the write grant `grant` (see
+    /// [`live_member`](Self::live_member)): a reader whose statement overlaps a write's
+    /// transaction commits after it, so its look for the writer's row finds it. Where the
+    /// plain acquisition is ordered that way already (MySQL: readers draw their tokens
+    /// from the grant's counter, whose row the grant's insert locks until its commit;
+    /// SQLite: one writer at a time), it is that acquisition.
+    fn acquire_read(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        (key, grant): (&str, &str),
+        owner: &str,
+        lease_micros: i64,
+        wait: std::time::Duration,
+        upsert_returns: bool,
+    ) -> impl Future<Output = Result<Option<Acquired>, sqlx::Error>> + Send {
+        let _ = grant;
+        Self::acquire(conn, sql, key, owner, lease_micros, wait, upsert_returns)
+    }
+
+    /// Owner- and token-checked delete of a write's two rows (in key order) in one
+    /// statement, waking waiters as a release does: the rows that were ours and went.
+    /// `upsert_returns`: the server takes `RETURNING` ([`LockSql::upsert_returns`]).
+    /// Elsewhere it is [`release_batch`](Self::release_batch).
+    fn release_pair(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        pair: [LockId<'_>; 2],
+        upsert_returns: bool,
+    ) -> impl Future<Output = Result<Vec<ReleasedRow>, sqlx::Error>> + Send {
+        let _ = upsert_returns;
+        async move { Self::release_batch(conn, sql, &pair).await }
+    }
+
+    /// Inside a write's transaction, after it took the writer's and the grant's rows:
+    /// whether a live row keyed from `from` up to (not including) `until` exists (a
+    /// reader's), read as committed now, not as of the transaction's start, so that every
+    /// reader that committed before the grant's row was taken is seen.
+    fn live_member(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        from: &str,
+        until: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 }
 
 /// Fair mode's ticket statements.

@@ -36,6 +36,8 @@ statements! { batch_sql;
     renew_waiting: RENEW_WAITING,
     probe_batch: PROBE_BATCH,
     live_tickets: LIVE_TICKETS,
+    live_member: LIVE_MEMBER,
+    release_pair: RELEASE_PAIR,
 }
 
 /// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
@@ -100,6 +102,28 @@ fn statement_bound(wait: std::time::Duration) -> &'static str {
 // MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
+
+// A write's look for live readers, inside its transaction (`LockSql::live_member`). A
+// locking read: it reads the rows as committed now, whatever snapshot the transaction's
+// earlier reads fixed (MySQL 8's acquisition reads its row back; REPEATABLE READ would
+// then answer as of that read). Readers that could commit beside the write are ordered
+// by the grant's fencing counter: a reader's row draws its token from the grant's
+// counter row, which the write's grant insert keeps locked until the write commits.
+const LIVE_MEMBER: &str = "\
+SELECT 1 FROM {table}
+ WHERE lock_key >= ? AND lock_key < ? AND expire_time > NOW(6)
+ LIMIT 1 LOCK IN SHARE MODE";
+
+// A write's two rows in one statement where DELETE takes RETURNING (MariaDB; sent where
+// the upsert's RETURNING is: 10.5+, not Galera): one round trip, where the batched
+// release's transaction (a locking read, the DELETE, BEGIN and COMMIT) takes four. The
+// key list finds both rows by the primary key, in its order.
+const RELEASE_PAIR: &str = "\
+DELETE FROM {table}
+ WHERE lock_key IN (?, ?)
+   AND ((lock_key = ? AND lock_value = ? AND fencing_token = ?)
+        OR (lock_key = ? AND lock_value = ? AND fencing_token = ?))
+RETURNING lock_key, fencing_token, CAST(expire_time <= NOW(6) AS SIGNED)";
 
 // DELETE has no RETURNING on MySQL 8: the usual release deletes a live lease, and only
 // when that finds nothing does a second one tell an expired row of ours from none.
@@ -697,6 +721,53 @@ impl LockSql for MySql {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn release_pair(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        pair: [LockId<'_>; 2],
+        upsert_returns: bool,
+    ) -> Result<Vec<ReleasedRow>, sqlx::Error> {
+        if !upsert_returns {
+            return Self::release_batch(conn, sql, &pair).await;
+        }
+        let [a, b] = pair;
+        // Read to the end, as the upsert's RETURNING is: rows come before the commit.
+        let rows: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(audited(&sql.release_pair))
+            .bind(a.key)
+            .bind(b.key)
+            .bind(a.key)
+            .bind(a.owner)
+            .bind(a.fencing_token)
+            .bind(b.key)
+            .bind(b.owner)
+            .bind(b.fencing_token)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, fencing_token, expired)| ReleasedRow {
+                // Keys were written as UTF-8 text; VARBINARY hands back the same bytes.
+                key: String::from_utf8_lossy(&key).into_owned(),
+                fencing_token,
+                expired: expired != 0,
+            })
+            .collect())
+    }
+
+    async fn live_member(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        from: &str,
+        until: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let found: Option<i64> = sqlx::query_scalar(audited(&sql.live_member))
+            .bind(from)
+            .bind(until)
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
     }
 
     common_lock_statements!();

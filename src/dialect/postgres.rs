@@ -23,6 +23,8 @@ statements! { sql;
     read_keys: READ_KEYS,
     renew_waiting: &renew_waiting(),
     hand_off: HAND_OFF,
+    acquire_read: &read_acquire(ACQUIRE),
+    live_member: LIVE_MEMBER,
 }
 
 /// A lease (or a minimum hold) as PostgreSQL takes it: microseconds.
@@ -107,6 +109,31 @@ SELECT set_config('statement_timeout', $1, false),
        set_config('tcp_keepalives_idle', $2, false),
        set_config('tcp_keepalives_interval', $3, false),
        set_config('tcp_keepalives_count', '3', false)";
+
+// A read-write lock's reader (`LockSql::acquire_read`): ACQUIRE holding the write grant's
+// advisory lock ($5, the grant's key) shared while it draws its token and until it
+// commits. A write's transaction takes that lock exclusively when it inserts the grant
+// row (ACQUIRE's own lock on the grant's key) and holds it until it commits: so a reader
+// row commits either before that, where the write's look for readers (LIVE_MEMBER, a
+// statement after it) sees it, or after the write committed, where the reader's look for
+// the writer's row sees that. Without it, a reader could commit and look between the
+// write's look and its commit, and hold beside it. Readers share the lock: they never
+// wait for one another.
+const READ_SERIALIZE: &str =
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended('{table}:' || $5, 0)),
+           pg_advisory_xact_lock(";
+
+/// An acquisition statement (ACQUIRE, or a relaxed table's) as a reader's.
+fn read_acquire(acquire: &str) -> String {
+    acquire.replacen("SELECT pg_advisory_xact_lock(", READ_SERIALIZE, 1)
+}
+
+// A write's look for live readers, inside its transaction: a statement of its own, so
+// that (READ COMMITTED) it sees every row committed before it began.
+const LIVE_MEMBER: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table}
+                WHERE lock_key COLLATE \"C\" >= $1 AND lock_key COLLATE \"C\" < $2
+                  AND expire_time > clock_timestamp())";
 
 // Which of a table's relations are unlogged ('u') or logged ('p'): the lock table's.
 const PERSISTENCE: &str = "SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)";
@@ -342,6 +369,7 @@ impl Dialect for Postgres {
         if durability == Durability::Relaxed {
             statements.acquire = sql(&relaxed_acquire(), table);
             statements.hand_off = sql(&relaxed(HAND_OFF), table);
+            statements.acquire_read = sql(&read_acquire(&relaxed_acquire()), table);
         }
         statements
     }
@@ -368,6 +396,42 @@ impl LockSql for Postgres {
             fencing_token,
             expires_at,
         }))
+    }
+
+    async fn acquire_read(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        (key, grant): (&str, &str),
+        owner: &str,
+        lease_micros: i64,
+        wait: std::time::Duration,
+        _upsert_returns: bool,
+    ) -> Result<Option<Acquired>, sqlx::Error> {
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire_read))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
+            .bind(grant)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+        }))
+    }
+
+    async fn live_member(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        from: &str,
+        until: &str,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.live_member))
+            .bind(from)
+            .bind(until)
+            .fetch_one(conn)
+            .await
     }
 
     const HANDS_OFF: bool = true;

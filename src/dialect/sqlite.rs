@@ -23,6 +23,7 @@ use super::{
 statements! { sqlite_sql;
     held: HELD,
     read_keys: READ_KEYS,
+    live_member: LIVE_MEMBER,
 }
 
 /// A lease (or a minimum hold) as SQLite takes it: a date modifier.
@@ -115,6 +116,13 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
    AND (?4 IS NULL OR (t.expire_time <= c.db_now) = ?4)
  ORDER BY t.lock_key
  LIMIT ?5";
+
+// A write's look for live readers, inside its transaction (`LockSql::live_member`): the
+// transaction holds the database's write lock since its first insert, so no reader
+// commits between this read and the write's commit.
+const LIVE_MEMBER: &str = "\
+SELECT EXISTS (SELECT 1 FROM {table}
+                WHERE lock_key >= ?1 AND lock_key < ?2 AND expire_time > {now})";
 
 // No notifications here: waiters learn of it when their pause ends.
 const FORCE_RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?1";
@@ -256,6 +264,19 @@ impl LockSql for Sqlite {
             .fetch_all(&mut *conn)
             .await?;
         renewed_then_read_back!(conn, sql, batch, renewed)
+    }
+
+    async fn live_member(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        from: &str,
+        until: &str,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(audited(&sql.live_member))
+            .bind(from)
+            .bind(until)
+            .fetch_one(conn)
+            .await
     }
 
     returning_lock_statements!();

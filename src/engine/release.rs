@@ -79,6 +79,7 @@ impl<DB: Backend> Engine<DB> {
                     fencing_token,
                 };
                 let sent_at = Instant::now();
+                Counters::bump(&engine.inner.counters.releases);
                 let terms = offer.terms;
                 let table = &engine.inner.table;
                 let outcome = table.hand_off(from, &offer.owner, terms.lease, until).await;
@@ -161,6 +162,14 @@ impl<DB: Backend> Engine<DB> {
         // notification: both settled as a kept row is (no own release remembered).
         self.inner.settle(lease, deleted, handed_over || yielded);
         Ok(deleted)
+    }
+
+    /// [`release`](Self::release) of several leases in one statement (one commit): a
+    /// read-write lock's write, whose two rows go together. `leases` are in key order (two
+    /// such releases lock rows in one order). Each answer as `release`'s, in `leases`'
+    /// order; an error is the statement's, for all of them. No handoff, no minimum hold.
+    pub(crate) async fn release_together(&self, leases: &[&Lease]) -> Result<Vec<Option<bool>>> {
+        self.inner.release_together(leases).await
     }
 
     /// [`release`](Self::release) for callers nobody waits on (dropped guards, failed
@@ -270,6 +279,38 @@ impl<DB: Backend> EngineState<DB> {
         Ok(deleted)
     }
 
+    async fn release_together(&self, leases: &[&Lease]) -> Result<Vec<Option<bool>>> {
+        for lease in leases {
+            self.stop_renewing_for_release(lease).await;
+        }
+        // Sent again while another session is in the way, as long as every lease lasts.
+        let until = leases.iter().map(|lease| lease.deadline()).min();
+        let ids: Vec<LockId<'_>> = leases.iter().map(|lease| lease.lock_id()).collect();
+        Counters::bump(&self.counters.releases);
+        let until = until.unwrap_or_else(Instant::now);
+        let outcome = self.table.release_together(&ids, until).await;
+        // As in `release`: held no more, and local waiters try at once, whatever came of it.
+        for lease in leases {
+            lease.end_hold();
+            self.queues.released(&lease.key);
+        }
+        let rows = outcome?;
+        let released: HashMap<(&str, i64), bool> = rows
+            .iter()
+            .map(|row| ((row.key.as_str(), row.fencing_token), row.expired))
+            .collect();
+        Ok(leases
+            .iter()
+            .map(|lease| {
+                let deleted = released
+                    .get(&(lease.key.as_str(), lease.fencing_token))
+                    .copied();
+                self.settle(lease, deleted, false);
+                deleted
+            })
+            .collect())
+    }
+
     /// Records what a release found, once its statement answered: `deleted` is
     /// `Some(expired)` when our row went, `None` when it was not ours any more; `kept`
     /// when the row stays for a job's minimum hold.
@@ -360,6 +401,7 @@ impl<DB: Backend> EngineState<DB> {
     /// the answer's second half; the row counts as released, not expired).
     async fn release_once(&self, lease: &Lease) -> Result<(Option<bool>, bool)> {
         let until = lease.deadline();
+        Counters::bump(&self.counters.releases);
         if let Some(min_hold) = lease.min_hold()
             && Box::pin(self.table.keep_min_hold(lease.lock_id(), min_hold, until)).await?
         {

@@ -20,6 +20,7 @@ mod ownership;
 mod primitives;
 mod queue;
 mod racing;
+mod rwlock;
 mod schedule;
 mod stuck_fence;
 mod waiting;
@@ -45,6 +46,7 @@ pub use ownership::*;
 pub use primitives::*;
 pub use queue::*;
 pub use racing::*;
+pub use rwlock::*;
 pub use schedule::*;
 pub use stuck_fence::*;
 pub use waiting::*;
@@ -126,6 +128,8 @@ macro_rules! conformance_suite {
             reaper_purges_expired_tickets,
             semaphore_admits_exactly_its_permits,
             rw_lock_excludes_and_does_not_starve_writers,
+            rw_lock_write_costs_two_commits,
+            rw_lock_read_waits_for_a_write_in_flight,
             election_has_one_leader_at_a_time,
             election_run_stops_the_work_on_loss_and_campaigns_again,
             multi_key_locks_are_all_or_nothing,
