@@ -92,12 +92,18 @@ async fn a_stalled_write_lock_bounds_every_write() {
     assert!(attempt.is_err(), "no lock while the write lock is held");
     assert!(took < limit, "try_acquire took {took:?}");
 
-    // The held lease cannot be renewed: it ends locally, before the database's expiry.
+    // The held lease cannot be renewed meanwhile: its renewal, bounded too, gives up,
+    // and the lease ends (at its local deadline, which the attempt above outlasted).
     let reason = tokio::time::timeout(Duration::from_secs(10), held.lost())
         .await
         .expect("the lease ends");
-    let learned = chrono::Utc::now();
-    assert!(learned < held.expires_at(), "{reason}: learned after the expiry");
+    assert!(
+        matches!(
+            reason,
+            dblock::LostReason::Unreachable | dblock::LostReason::NoConnection
+        ),
+        "{reason:?}"
+    );
 
     let started = Instant::now();
     let released = held.release().await;
