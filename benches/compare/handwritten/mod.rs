@@ -37,6 +37,7 @@ fn lease_micros(lease: Duration) -> i64 {
 const PG_ACQUIRE: &str = "\
 WITH serialize AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
+      FROM (SELECT set_config('lock_timeout', $4::bigint::text, true)) AS bound
 )
 INSERT INTO {table} AS held (lock_key, lock_value, expire_time, fencing_token, acquired_at)
 SELECT $1, $2, clock_timestamp() + $3::bigint * INTERVAL '1 microsecond',
@@ -80,10 +81,16 @@ const MY_RELEASE: &str = "DELETE FROM {table}
 // The fencing check `LockGuard::assert_held` runs inside the caller's transaction (the
 // stock section's hand-written lock-table strategy sends it too).
 const PG_CHECK_FENCE: &str = "\
-SELECT fencing_token FROM {table}
- WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
-   AND expire_time > clock_timestamp()
-   FOR SHARE";
+SELECT f.fencing_token,
+       set_config('idle_in_transaction_session_timeout',
+                  (CASE WHEN b.was > 0 AND b.was < b.left_ms THEN b.was ELSE b.left_ms END)::text,
+                  true)
+  FROM (SELECT fencing_token, expire_time FROM {table}
+         WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
+           AND expire_time > clock_timestamp()
+           FOR SHARE) AS f,
+       LATERAL (SELECT GREATEST(1, ceil(EXTRACT(EPOCH FROM f.expire_time - clock_timestamp()) * 1000))::bigint AS left_ms,
+                       (EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS was) AS b";
 
 const MY_CHECK_FENCE: &str = "\
 SELECT fencing_token FROM {table}
@@ -261,6 +268,8 @@ impl HandLock for PgHand {
                 .bind(key)
                 .bind(owner)
                 .bind(lease_micros(LEASE))
+                // dblock's server-side bound: the attempt's deadline, in whole ms.
+                .bind(i64::try_from(LEASE.as_millis()).unwrap_or(i64::MAX))
                 .fetch_optional(&self.pool)
                 .await?;
             Ok(row.map(|(token, _expires_at)| token))
