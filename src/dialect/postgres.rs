@@ -99,13 +99,16 @@ fn relaxed(draws: &str) -> String {
 }
 
 // The lease engine's own connection, bounded on the server's side (`LockSql::
-// bound_session`): statements and open transactions end at the statement timeout ($1,
-// ms), and a client that stops acknowledging ($1) or answering keepalives (after $2 s
-// idle, every $3 s, 3 probes) is dropped, with the row locks its session held.
+// bound_session`): a client that stops acknowledging ($1, ms) or answering keepalives
+// (after $2 s idle, every $3 s, 3 probes) is dropped, with the row locks its session
+// held. Only TCP settings: the lane may be a connection through a transaction pooler
+// (PgBouncer), where a session-level `statement_timeout` or
+// `idle_in_transaction_session_timeout` would stay on a server connection that other
+// clients use next and cut their long statements; TCP bounds only drop a peer that is
+// gone. The engine's statements carry their own waits (`lock_timeout` in the statement)
+// and are bounded on this side.
 const BOUND_SESSION: &str = "\
-SELECT set_config('statement_timeout', $1, false),
-       set_config('idle_in_transaction_session_timeout', $1, false),
-       set_config('tcp_user_timeout', $1, false),
+SELECT set_config('tcp_user_timeout', $1, false),
        set_config('tcp_keepalives_idle', $2, false),
        set_config('tcp_keepalives_interval', $3, false),
        set_config('tcp_keepalives_count', '3', false)";
