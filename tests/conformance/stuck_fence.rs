@@ -44,8 +44,9 @@ pub trait StuckFence: TestBackend {
     /// Prepares the fenced transaction's connection as the README advises; whether the
     /// server will end that session by itself once it sits idle in the transaction.
     async fn bound_idle_transactions(conn: &mut PoolConnection<Self>, lease: Duration) -> bool;
-    /// The server's id of the session on `conn`.
-    async fn session_id(conn: &mut PoolConnection<Self>) -> i64;
+    /// The server's id of the session on `conn` (asked inside the fenced transaction:
+    /// behind a transaction pooler only that names the server session holding it).
+    async fn session_id(conn: &mut <Self as sqlx::Database>::Connection) -> i64;
 }
 
 impl StuckFence for Postgres {
@@ -60,9 +61,9 @@ impl StuckFence for Postgres {
         // Nothing to do: `assert_held` bounds the transaction's idle time itself.
         true
     }
-    async fn session_id(conn: &mut PoolConnection<Self>) -> i64 {
+    async fn session_id(conn: &mut <Self as sqlx::Database>::Connection) -> i64 {
         let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut **conn)
+            .fetch_one(&mut *conn)
             .await
             .expect("read the session's pid");
         i64::from(pid)
@@ -94,9 +95,9 @@ impl StuckFence for MySql {
             }
         }
     }
-    async fn session_id(conn: &mut PoolConnection<Self>) -> i64 {
+    async fn session_id(conn: &mut <Self as sqlx::Database>::Connection) -> i64 {
         let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
-            .fetch_one(&mut **conn)
+            .fetch_one(&mut *conn)
             .await
             .expect("read the connection id");
         i64::try_from(id).expect("a connection id fits")
@@ -116,7 +117,7 @@ impl StuckFence for Sqlite {
     async fn bound_idle_transactions(_: &mut PoolConnection<Self>, _: Duration) -> bool {
         unreachable!("not applicable")
     }
-    async fn session_id(_: &mut PoolConnection<Self>) -> i64 {
+    async fn session_id(_: &mut <Self as sqlx::Database>::Connection) -> i64 {
         unreachable!("not applicable")
     }
 }
@@ -179,7 +180,6 @@ pub async fn one_stuck_fenced_transaction_costs_one_lease<DB: StuckFence>() {
     let fenced_pool = DB::connect(&via_proxy(&db.location, proxy.0.addr()), 1).await;
     let mut conn = fenced_pool.acquire().await.expect("a fenced connection");
     let ends_itself = DB::bound_idle_transactions(&mut conn, LEASE).await;
-    let session = DB::session_id(&mut conn).await;
     let mut tx = sqlx::Connection::begin(&mut *conn)
         .await
         .expect("begin the fenced transaction");
@@ -187,6 +187,7 @@ pub async fn one_stuck_fenced_transaction_costs_one_lease<DB: StuckFence>() {
         .assert_held(&mut tx)
         .await
         .expect("the fresh lease is held");
+    let session = DB::session_id(&mut tx).await;
     // Half-open: every byte either way is thrown away, both sockets stay open.
     proxy.0.set_drop(true);
     let checked_at = Instant::now();
