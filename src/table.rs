@@ -78,6 +78,38 @@ pub(crate) enum WriteTake {
     Read,
 }
 
+/// Ends an attempt's transaction, whatever happened: committed when `keep` says what it
+/// took is to stay, rolled back otherwise. A transaction only dropped is rolled back when
+/// its connection is next used, and until then (idle in the pool) it keeps the row locks
+/// it took, which every other acquisition of those keys waits for.
+async fn end_transaction<DB: Backend, T>(
+    tx: sqlx::Transaction<'_, DB>,
+    taken: Result<T, sqlx::Error>,
+    keep: impl FnOnce(&T) -> bool,
+) -> Result<T, sqlx::Error> {
+    match taken {
+        Ok(taken) if keep(&taken) => {
+            tx.commit().await?;
+            Ok(taken)
+        }
+        Ok(refused) => {
+            tx.rollback().await?;
+            Ok(refused)
+        }
+        Err(err) => {
+            tx.rollback().await.ok();
+            Err(err)
+        }
+    }
+}
+
+/// An acquisition attempt's bound on this side: its deadline, but at least `LEAST_TRY`
+/// from now (a lease of a few milliseconds could not even be checked out for); the
+/// server's wait is bounded by the deadline itself.
+fn attempt_bound(until: Instant) -> Instant {
+    until.max(Instant::now() + LEAST_TRY)
+}
+
 /// How many times a statement rolled back as a deadlock victim is sent again.
 const DEADLOCK_RETRIES: u32 = 10;
 
@@ -549,6 +581,24 @@ impl<DB: Backend> LockTable<DB> {
             .map_err(|err| self.error_from(err))
     }
 
+    /// An attempt's answer: a race lost to another session (a conflict, a lock wait cut
+    /// short) is `lost`, any other error explained ([`error_from`](Self::error_from)).
+    fn race_outcome<T>(
+        &self,
+        won: Result<T, sqlx::Error>,
+        lost: T,
+        what: &dyn std::fmt::Debug,
+        said: &str,
+    ) -> Result<T> {
+        match won {
+            Err(err) if DB::contention(&err) != Contention::Failure => {
+                tracing::trace!(lock = ?what, error = %err, "{said}");
+                Ok(lost)
+            }
+            won => won.map_err(|err| self.error_from(err)),
+        }
+    }
+
     /// One acquisition attempt: insert, or take over an expired row. `Ok(None)` when the
     /// key is held, or another session got in the way (the race was lost).
     ///
@@ -564,9 +614,7 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<Option<Acquired>> {
-        // At least `LEAST_TRY` on this side (a lease of a few milliseconds could not even
-        // be checked out for); the server's wait is bounded by `until` itself.
-        let bound = until.max(Instant::now() + LEAST_TRY);
+        let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
@@ -577,13 +625,7 @@ impl<DB: Backend> LockTable<DB> {
                 }),
             )
             .await;
-        match won {
-            Err(err) if DB::contention(&err) != Contention::Failure => {
-                tracing::trace!(key, error = %err, "lost an acquisition race");
-                Ok(None)
-            }
-            won => won.map_err(|err| self.error_from(err)),
-        }
+        self.race_outcome(won, None, &key, "lost an acquisition race")
     }
 
     /// One attempt at every key of `keys` (sorted, distinct) for `owner`, all or nothing
@@ -599,9 +641,7 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<Option<Vec<Acquired>>> {
-        // At least `LEAST_TRY` on this side (a lease of a few milliseconds could not even
-        // be checked out for); the server's wait is bounded by `until` itself.
-        let bound = until.max(Instant::now() + LEAST_TRY);
+        let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
@@ -611,34 +651,11 @@ impl<DB: Backend> LockTable<DB> {
                     let taken =
                         take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, returns)
                             .await;
-                    // Ended here, whatever happened: a transaction only dropped is rolled back
-                    // when its connection is next used, and until then (idle in the pool) it
-                    // keeps the row locks it took, which every other acquisition of those keys
-                    // waits for.
-                    match taken {
-                        Ok(Some(won)) => {
-                            tx.commit().await?;
-                            Ok(Some(won))
-                        }
-                        Ok(None) => {
-                            tx.rollback().await?;
-                            Ok(None)
-                        }
-                        Err(err) => {
-                            tx.rollback().await.ok();
-                            Err(err)
-                        }
-                    }
+                    end_transaction(tx, taken, Option::is_some).await
                 }),
             )
             .await;
-        match won {
-            Err(err) if DB::contention(&err) != Contention::Failure => {
-                tracing::trace!(?keys, error = %err, "lost a race for several keys");
-                Ok(None)
-            }
-            won => won.map_err(|err| self.error_from(err)),
-        }
+        self.race_outcome(won, None, &keys, "lost a race for several keys")
     }
 
     /// A read-write lock's reader: [`acquire`](Self::acquire) of `key`, ordered with the
@@ -654,7 +671,7 @@ impl<DB: Backend> LockTable<DB> {
         lease: Duration,
         until: Instant,
     ) -> Result<Option<Acquired>> {
-        let bound = until.max(Instant::now() + LEAST_TRY);
+        let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
@@ -667,13 +684,7 @@ impl<DB: Backend> LockTable<DB> {
                 }),
             )
             .await;
-        match won {
-            Err(err) if DB::contention(&err) != Contention::Failure => {
-                tracing::trace!(key, error = %err, "lost a read's acquisition race");
-                Ok(None)
-            }
-            won => won.map_err(|err| self.error_from(err)),
-        }
+        self.race_outcome(won, None, &key, "lost a read's acquisition race")
     }
 
     /// A read-write lock's write in one transaction, one commit: the writer's row and the
@@ -691,7 +702,7 @@ impl<DB: Backend> LockTable<DB> {
     ) -> Result<WriteTake> {
         let readers_end = prefix_end(readers).unwrap_or_default();
         let readers = (readers, readers_end.as_str());
-        let bound = until.max(Instant::now() + LEAST_TRY);
+        let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
@@ -713,31 +724,11 @@ impl<DB: Backend> LockTable<DB> {
                         Ok(None) => Ok(WriteTake::Held),
                         Err(err) => Err(err),
                     };
-                    // Ended here, whatever happened, as in `acquire_all`.
-                    match taken {
-                        Ok(WriteTake::Won(won)) => {
-                            tx.commit().await?;
-                            Ok(WriteTake::Won(won))
-                        }
-                        Ok(refused) => {
-                            tx.rollback().await?;
-                            Ok(refused)
-                        }
-                        Err(err) => {
-                            tx.rollback().await.ok();
-                            Err(err)
-                        }
-                    }
+                    end_transaction(tx, taken, |taken| matches!(taken, WriteTake::Won(_))).await
                 }),
             )
             .await;
-        match won {
-            Err(err) if DB::contention(&err) != Contention::Failure => {
-                tracing::trace!(?keys, error = %err, "lost a write's race");
-                Ok(WriteTake::Held)
-            }
-            won => won.map_err(|err| self.error_from(err)),
-        }
+        self.race_outcome(won, WriteTake::Held, &keys, "lost a write's race")
     }
 
     /// Owner- and token-checked delete of the rows of `ids` (sorted by key) in one
