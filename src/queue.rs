@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, oneshot};
 
+use crate::dialect::Waiting;
 use crate::error::Result;
 use crate::lease::Lease;
 use crate::line::{self, Handed, Line, Offer, Step};
@@ -42,6 +43,9 @@ pub(crate) struct LocalQueues {
     /// waiting (the usual case) reads this instead of taking the lock.
     waiters: AtomicUsize,
     next_id: AtomicU64,
+    /// Told when a queue is opened (its first waiter joined): a listener that asks about
+    /// keys (`Waiting`) looks at them again.
+    opened: Notify,
     /// The lock table's metrics (the waiters gauge).
     metrics: TableMetrics,
 }
@@ -88,6 +92,7 @@ impl LocalQueues {
             keys: Mutex::default(),
             waiters: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
+            opened: Notify::new(),
             metrics,
         }
     }
@@ -115,12 +120,17 @@ impl LocalQueues {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let turn = Turn::default();
         let mut keys = self.keys();
-        keys.entry(key.to_owned()).or_default().push_back(Waiter {
+        let queue = keys.entry(key.to_owned()).or_default();
+        queue.push_back(Waiter {
             id,
             turn: turn.clone(),
             fair,
             offer: None,
         });
+        if queue.len() == 1 {
+            // One stored permit is enough: the listener reads every key when it wakes.
+            self.opened.notify_one();
+        }
         // Counted before the waiter's first attempt, which reads the row: a release that
         // deleted the row after that read counts it (SeqCst) and wakes it.
         self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -193,6 +203,18 @@ impl LocalQueues {
     /// How many waiters are queued for `key`.
     pub(crate) fn waiting(&self, key: &str) -> usize {
         self.keys().get(key).map_or(0, VecDeque::len)
+    }
+}
+
+impl Waiting for LocalQueues {
+    fn keys(&self) -> Vec<String> {
+        let keys = self.keys();
+        let open = keys.iter().filter(|(_, queue)| !queue.is_empty());
+        open.map(|(key, _)| key.clone()).collect()
+    }
+
+    fn joined(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.opened.notified())
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use chrono::{DateTime, Utc};
@@ -31,7 +32,7 @@ use tokio::time::Instant;
 use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
     Acquired, Backend, Contention, HandOff, Inspected, ListQuery, Listed, ListenerOptions, LockId,
-    ReleasedRow, Releases, RenewWait, Renewal, RowState, WriteGate,
+    ReleasedRow, Releases, RenewWait, Renewal, RowState, Waiting, WriteGate,
 };
 use crate::error::{Error, PoolTimeoutCause, Result};
 use crate::retry::{Retry, retry, timed_out};
@@ -1151,15 +1152,18 @@ impl<DB: Backend> LockTable<DB> {
     pub(crate) async fn listen(
         &self,
         given: Option<&ConnectOptions<DB>>,
+        waiting: Arc<dyn Waiting>,
     ) -> Result<Option<Box<dyn Releases>>> {
         let listener = match given {
             Some(options) => ListenerOptions {
                 options: options.clone(),
                 given: true,
+                waiting,
             },
             None => ListenerOptions {
                 options: (*self.pool.connect_options()).clone(),
                 given: false,
+                waiting,
             },
         };
         DB::listen(listener, &self.name)

@@ -16,12 +16,12 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::{Instant, sleep};
 
-use crate::dialect::{Backend, Released};
+use crate::dialect::{Backend, Released, Waiting};
 use crate::jobs::Jobs;
 use crate::queue::LocalQueues;
 use crate::retry::by_deadline;
@@ -122,7 +122,7 @@ impl<DB: Backend> Wakeups<DB> {
     pub(crate) async fn run(
         &self,
         table: &LockTable<DB>,
-        queues: &LocalQueues,
+        queues: &Arc<LocalQueues>,
         counters: &Counters,
         jobs: &Jobs,
     ) {
@@ -131,7 +131,10 @@ impl<DB: Backend> Wakeups<DB> {
             self.state.store(CONNECTING, Ordering::Release);
             let opened = by_deadline(
                 Instant::now() + CONNECT_LIMIT,
-                table.listen(self.options.as_ref()),
+                table.listen(
+                    self.options.as_ref(),
+                    Arc::clone(queues) as Arc<dyn Waiting>,
+                ),
             );
             let opened = tokio::select! {
                 _ = jobs.stopping() => return,

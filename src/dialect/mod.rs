@@ -50,7 +50,7 @@ pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys,
 pub use rows::{Acquired, HandOff, LockId};
 pub(crate) use rows::{
     Inspected, ListQuery, Listed, ListenerOptions, Released, ReleasedRow, Releases, Renewal,
-    RowState,
+    RowState, Waiting,
 };
 #[allow(unused_imports)] // which of them a build uses depends on its backends
 pub(crate) use rows::{

@@ -281,13 +281,28 @@ impl From<InspectedRow> for Inspected {
     }
 }
 
-/// Where a release listener connects.
+/// Where a release listener connects, and what it listens for.
 pub struct ListenerOptions<DB: Database> {
     /// The connect options.
     pub options: <DB::Connection as sqlx::Connection>::Options,
     /// Whether the caller named this address for the listener (trusted to be a session
     /// of its own), rather than dblock taking the pool's, which may lead to a pooler.
     pub given: bool,
+    /// The keys this Locker's waiters wait for now: a listener that has to ask about
+    /// keys (it hears no notifications of the whole table) asks about these.
+    pub waiting: std::sync::Arc<dyn Waiting>,
+}
+
+/// The keys a Locker's waiters wait for, as its listener sees them: the keys of its
+/// local queues (a mutex's key; a primitive's group, `<name>~`), kept by the layer
+/// above, which this one cannot name.
+pub trait Waiting: Send + Sync {
+    /// The keys with at least one waiter now, in no particular order.
+    fn keys(&self) -> Vec<String>;
+
+    /// Completes when a waiter may have joined a queue since the last call (it may
+    /// also complete spuriously): a listener with nothing to listen for sleeps on this.
+    fn joined(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>;
 }
 
 /// A release a listener heard: the row of `key` with `fencing_token` was deleted.
