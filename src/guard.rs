@@ -156,7 +156,8 @@ impl<DB: Backend> LockGuard<DB> {
     /// or deleted, or the database stayed unreachable until the lease's local deadline,
     /// which is a margin before the database can see it expire (send time of the last
     /// successful acquire or renewal + lease - [`Locker::lease_margin`](crate::Locker::lease_margin)):
-    /// `Unreachable` then, even while a renewal is still in flight. A row taken over or
+    /// `Unreachable` then, even while a renewal is still in flight (`Expired` if no renewal
+    /// had been sent by then: the process itself stalled, frozen or starved). A row taken over or
     /// deleted under a live lease is found at the next renewal. Pending forever while the
     /// lease is held.
     ///

@@ -6,8 +6,8 @@
 //! lease, minus the lease's margin ([`LeaseMargin`]). Whoever looks after that deadline
 //! ([`Lease::lost`], [`Lease::lost_reason`]) finds the lease lost, whether or not a
 //! renewal is in flight: `Unreachable` while an engine was renewing it (its statement got
-//! no answer in time), `Expired` when nobody renews it (renewal off, or its engine
-//! stopped). A waiter of `lost()` sleeps until the deadline itself rather than relying on
+//! no answer in time, or failed), `Expired` when nobody renews it (renewal off, or its
+//! engine stopped) or its renewal was not sent in time (the process stalled). A waiter of `lost()` sleeps until the deadline itself rather than relying on
 //! the engine's task to be woken and report it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -41,6 +41,8 @@ pub(crate) struct Timing {
     pub(crate) next_renewal: Instant,
     /// Whether the last renewal statement failed (the database could not be reached).
     pub(crate) failing: bool,
+    /// Whether a renewal statement for this lease was sent and has not been answered.
+    pub(crate) in_flight: bool,
     /// What the lease is lost as if it is still failing at its deadline: `Unreachable`, or
     /// `NoConnection` when the database refused the engine its connection.
     pub(crate) failure: LostReason,
@@ -158,6 +160,7 @@ impl Lease {
                 deadline,
                 next_renewal: won.interval.map_or(deadline, |i| won.sent_at + i),
                 failing: false,
+                in_flight: false,
                 failure: LostReason::Unreachable,
                 renewing: false,
                 in_pass: 0,
@@ -215,10 +218,12 @@ impl Lease {
             let timing = self.timing();
             (!timing.ended && Instant::now() >= timing.deadline).then_some(
                 // An engine that renews it sent a statement that did not come back in
-                // time (or could not send one); a lease nobody renews simply ran out.
+                // time (or could not send one). A lease nobody renews simply ran out, as
+                // does one whose renewal was not even sent by then: its process stalled
+                // (frozen, starved), and the database was never found unreachable.
                 if timing.renewing && timing.failing {
                     timing.failure
-                } else if timing.renewing {
+                } else if timing.renewing && timing.in_flight {
                     LostReason::Unreachable
                 } else {
                     LostReason::Expired

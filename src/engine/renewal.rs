@@ -303,6 +303,9 @@ impl<DB: Backend> EngineState<DB> {
             .collect();
         deadlines.sort_by_key(|(deadline, _)| *deadline);
         let mut pending = deadlines.as_slice();
+        // In flight until this returns, however it returns (answered, failed, dropped):
+        // a lease whose deadline passes meanwhile is lost as unreachable, not expired.
+        let _in_flight = InFlight::mark(batch);
         let statement = self.table.renew(&renewals, wait);
         tokio::pin!(statement);
         while let Some(&(deadline, _)) = pending.first() {
@@ -320,6 +323,26 @@ impl<DB: Backend> EngineState<DB> {
         Err(Error::from(timed_out(
             "no answer before the last lease deadline of the batch",
         )))
+    }
+}
+
+/// Marks a batch's leases as having a renewal in flight, until dropped.
+struct InFlight<'b>(&'b [Arc<Lease>]);
+
+impl<'b> InFlight<'b> {
+    fn mark(batch: &'b [Arc<Lease>]) -> Self {
+        for lease in batch {
+            lease.timing().in_flight = true;
+        }
+        InFlight(batch)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        for lease in self.0 {
+            lease.timing().in_flight = false;
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 use std::process::{ExitCode, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dblock::{Error, LockGuard, Locker, MySql, Postgres, Sqlite};
+use dblock::{Error, LockGuard, Locker, MySql, Postgres, RetryPolicy, Sqlite};
 use sqlx::pool::PoolOptions;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
@@ -327,7 +327,20 @@ async fn hold<DB: FaultDb>(args: &[String]) -> Res<()> {
     if let Some(min_hold) = renew.strip_prefix("job") {
         return run_job(&Locker::new(pool), key, lease, min_hold.parse()?).await;
     }
-    let locker = Locker::new(pool.clone()).auto_renew(renew == "renew");
+    let locker = if DB::LABEL == "postgres" && key.ends_with(crate::primitives::WOKEN_ELECTION) {
+        // 9d asserts that the release's notification woke the candidate. Polls at most
+        // 500 ms apart (the default) can land between the release's commit and the
+        // notification's arrival, which a busy CI machine widens (seen: wake-ups 0): with
+        // a minute's cap, only the notification (or the lease's end) wakes this one.
+        let sleepy = RetryPolicy {
+            initial: Duration::from_millis(10),
+            max: Duration::from_secs(60),
+        };
+        Locker::builder(pool.clone()).retry(sleepy).build()?
+    } else {
+        Locker::new(pool.clone())
+    };
+    let locker = locker.auto_renew(renew == "renew");
     if key.starts_with("election/") {
         // Says when releases elsewhere can be heard (PostgreSQL's listener is up), so a
         // scenario does not release before the candidate listens; silent elsewhere.

@@ -285,8 +285,14 @@ async fn stopped_after_sending<DB: FaultDb>(ctx: &mut Ctx<DB>, mode: Mode) -> Re
     child.resume();
     let result = child.expect("RESULT", STEP).await?;
     let expected = format!("RESULT work=false {NO_GUARD}");
+    // Thawed, the process finds both its answer in the socket and its attempt's bound
+    // past: whichever its runtime polls first decides between the refused late answer and
+    // the bound's timed-out error (CI saw the second). Both leave it without a guard and
+    // its work unstarted, which is what this checks.
+    let cut_by_bound =
+        result.text.starts_with("RESULT work=false error ") && result.text.contains("timed out");
     ensure!(
-        result.text == expected,
+        result.text == expected || cut_by_bound,
         "a holder frozen after sending, thawed {} past the lease: {}, expected {expected}",
         secs(PAST_LEASE),
         result.text

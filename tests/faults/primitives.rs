@@ -235,8 +235,12 @@ pub async fn leader_paused<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
     ))
 }
 
+/// The election of 9d, whose candidates' Lockers on PostgreSQL sleep long between polls
+/// (see the holder), so that a prompt handover there is the notification's doing.
+pub const WOKEN_ELECTION: &str = "fault-resigns";
+
 pub async fn leader_resigns<DB: FaultDb>(ctx: &mut Ctx<DB>) -> Res<String> {
-    let (mut leader, led, mut waiting) = candidates(ctx, "fault-resigns", 1).await?;
+    let (mut leader, led, mut waiting) = candidates(ctx, WOKEN_ELECTION, 1).await?;
     let term = led.int(0)?;
     // The candidate has lost an attempt and sleeps (its row mark set) before the release,
     // and on PostgreSQL its listener is up: signals, not a pause, since on a busy machine
