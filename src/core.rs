@@ -16,6 +16,7 @@ use crate::jobs::Jobs;
 use crate::key_label::KeyLabel;
 use crate::metrics::TableMetrics;
 use crate::queue::LocalQueues;
+use crate::stand_aside::StandAsides;
 use crate::stats::Counters;
 use crate::table::{ConnectOptions, LockTable};
 use crate::wakeups::Wakeups;
@@ -30,6 +31,8 @@ pub(crate) struct Core<DB: Backend> {
     pub(crate) queues: Arc<LocalQueues>,
     /// The listener that hears releases of other processes (PostgreSQL).
     pub(crate) wakeups: Arc<Wakeups<DB>>,
+    /// The stand-asides of this Locker's resigned leaders.
+    pub(crate) stand_asides: StandAsides,
     /// Fair mode: the tickets of this Locker's waiters.
     pub(crate) tickets: Option<Arc<Tickets>>,
     /// Renews the held leases and ends them.
@@ -97,6 +100,7 @@ impl<DB: Backend> Core<DB> {
             retry: settings.retry,
             queues,
             wakeups,
+            stand_asides: StandAsides::default(),
             tickets,
             engine,
             jobs,

@@ -50,10 +50,14 @@ const LEADER: &str = "leader";
 ///   followers can route to it), its term and since when.
 ///
 /// A leader that crashes leads until its lease ends (database clock); then the next
-/// candidate's attempt takes over. A leader that resigns hands over at once: candidates
-/// of the same Locker are woken by the release, on PostgreSQL candidates elsewhere too
-/// (by notification); elsewhere they find out by paced polling
-/// ([`RetryPolicy`](crate::RetryPolicy), at most its `max` apart).
+/// candidate's attempt takes over. A leader that [resigns](Leadership::resign) hands over
+/// to a candidate that was waiting, on every backend and in whatever process: candidates
+/// of the same Locker are woken by the release, on PostgreSQL candidates elsewhere too (by
+/// notification), and elsewhere they find the free row by paced polling
+/// ([`RetryPolicy`](crate::RetryPolicy), at most its `max` apart). Meanwhile the resigner,
+/// should it campaign again, stands aside for a hold-off (about twice that `max`) unless
+/// someone else leads first: so it cannot win again before them. Alone, it leads again
+/// after the hold-off.
 ///
 /// # Examples
 /// ```
@@ -72,7 +76,7 @@ const LEADER: &str = "leader";
 /// assert_eq!(leader.identity, "10.0.0.7:8080");
 /// assert_eq!(leader.term, leading.term());
 ///
-/// leading.resign().await?; // the next candidate takes over at once
+/// leading.resign().await?; // a waiting candidate, of any process, leads next
 /// assert_eq!(election.leader().await?, None);
 /// # Ok(()) }
 /// ```
@@ -131,7 +135,8 @@ pub struct Leader {
 /// This caller leads: a [`LockGuard`] on the election's leader row (it derefs to one, for
 /// [`lost`](LockGuard::lost), [`assert_held`](LockGuard::assert_held) and the rest).
 /// [`resign`](Self::resign) hands the lead over; dropped, it is released in the background
-/// as a guard is.
+/// as a guard is (without the resigner's stand-aside: a campaign after a drop does not
+/// wait, nor does one after a release of the guard from [`into_guard`](Self::into_guard)).
 ///
 /// # Examples
 /// ```
@@ -150,6 +155,7 @@ pub struct Leader {
 /// }
 /// let term = leading.term();
 /// leading.resign().await?;
+/// // Nobody else campaigns: "node-a" leads again after standing aside (about 1.1 s here).
 /// let again = election.campaign("node-a", Duration::from_secs(15)).await?;
 /// assert!(again.term() > term); // every new lead is a new term
 /// # Ok(()) }
@@ -159,6 +165,8 @@ pub struct Leader {
 pub struct Leadership<DB: Backend> {
     guard: LockGuard<DB>,
     identity: String,
+    /// Where [`resign`](Self::resign) records its stand-aside.
+    locker: Locker<DB>,
 }
 
 impl<DB: Backend> Deref for Leadership<DB> {
@@ -186,13 +194,35 @@ impl<DB: Backend> Leadership<DB> {
         self.guard
     }
 
-    /// Steps down: releases the leader row (as [`LockGuard::release`]), so that the next
-    /// candidate leads at once.
+    /// Steps down: releases the leader row (as [`LockGuard::release`], with its answer),
+    /// so that a candidate that was waiting leads next, in this process or another, on
+    /// every backend.
+    ///
+    /// For that, this identity stands aside in this election through this Locker: its
+    /// next [`campaign`](Election::campaign) (or [`run`](Election::run)) makes no attempt
+    /// for a hold-off of `2 x max + `[`RESIGN_HOLD_OFF_SLACK`](crate::RESIGN_HOLD_OFF_SLACK)
+    /// (100 ms), `max` being the Locker's [`RetryPolicy`](crate::RetryPolicy)'s: 1.1 s by
+    /// default, counted from the release's answer. A candidate elsewhere that polls sleeps
+    /// at most its own `max` between attempts, so it finds the free row within the
+    /// hold-off if that `max` is no longer than this Locker's. The standing-aside campaign
+    /// reads the row four times during its hold-off: once it shows a greater term
+    /// (someone else leads, or led), it campaigns as any candidate does, and waits its
+    /// turn. So with nobody else campaigning it leads again after the hold-off; with
+    /// others, after one of them. Other identities, and so this Locker's other
+    /// candidates, are not held off, nor is this identity through another Locker.
     ///
     /// # Cancel safety
-    /// As [`LockGuard::release`].
+    /// As [`LockGuard::release`]; a resignation dropped before the release's answer
+    /// records no stand-aside.
     pub async fn resign(self) -> Result<()> {
-        self.guard.release().await
+        let (key, term) = (self.guard.key().to_owned(), self.term());
+        let released = self.guard.release().await;
+        // Whatever the answer: an error leaves the row to expire, or says that it is
+        // gone already; either way this identity should not win it back first.
+        let core = &self.locker.core;
+        core.stand_asides
+            .record(&key, &self.identity, term, &core.retry);
+        released
     }
 }
 
@@ -223,13 +253,17 @@ impl<DB: Backend> Election<DB> {
     /// `identity` (1 to [`MAX_IDENTITY_BYTES`] bytes, no NUL) is what [`leader`](Self::leader)
     /// tells others. Waits without limit; wrap it in `tokio::time::timeout` for one.
     ///
+    /// An identity that has just [resigned](Leadership::resign) this election through
+    /// this Locker first stands aside, for at most its hold-off: see there.
+    ///
     /// Errors: [`Error::InvalidKey`], [`Error::InvalidConfig`] (identity),
     /// [`Error::InvalidDuration`] (nothing is written); [`Error::Database`] ends the
     /// campaign at once ([`run`](Self::run) campaigns again after it).
     ///
     /// # Cancel safety
     /// Cancel safe, as [`Locker::acquire`]: a lead the database granted to a dropped
-    /// future is released at once in the background.
+    /// future is released at once in the background; a stand-aside cut short stays
+    /// recorded until its end, for the next campaign.
     pub async fn campaign(&self, identity: &str, lease: Duration) -> Result<Leadership<DB>> {
         validate_name(&self.name, LEADER.len())?;
         validate_identity(identity)?;
@@ -243,6 +277,10 @@ impl<DB: Backend> Election<DB> {
         let owner = owner_of(identity);
         let key = self.key();
         let core = &self.locker.core;
+        // Just resigned: a candidate that was waiting, maybe elsewhere, leads first.
+        core.stand_asides
+            .wait_out(&core.table, &key, identity)
+            .await;
         loop {
             let won = Box::pin(acquire::wait_for(
                 core,
@@ -261,6 +299,7 @@ impl<DB: Backend> Election<DB> {
                     return Ok(Leadership {
                         guard: self.locker.guard(lease),
                         identity: identity.to_owned(),
+                        locker: self.locker.clone(),
                     });
                 }
                 Err(Error::Timeout { .. }) => continue,
@@ -349,7 +388,11 @@ impl<DB: Backend> Election<DB> {
     /// The loop of a singleton worker: campaign as `identity`; while leading, run `lead`
     /// (client-go's `OnStartedLeading`); if the lead is lost first, drop `lead`'s future at
     /// its next await point (`OnStoppedLeading`) and campaign again. Returns what `lead`
-    /// returned, after resigning, when `lead` finishes while leading. `lead` is a
+    /// returned, after resigning, when `lead` finishes while leading (whether it returned
+    /// `Ok` or `Err`): the lead goes to a waiting candidate, and a later `run` or
+    /// [`campaign`](Self::campaign) of `identity` through this Locker stands aside first
+    /// (see [`Leadership::resign`]). A lost lead is no resignation: `run` campaigns again
+    /// at once. `lead` is a
     /// `Clone` async closure called once per term (each term on a fresh clone): so a
     /// capturing closure's future is `Send`, and `run` works inside `tokio::spawn` and
     /// web handlers (an `AsyncFnMut` made it "not general enough" there).

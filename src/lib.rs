@@ -31,7 +31,8 @@ mod semaphore;
 // The core a Locker's clones, guards and owners share.
 mod core;
 // The lock algorithm: acquisition and its one waiting loop, the lines waiters join (the
-// local queue, fair mode's tickets), the lease engine, leases, wake-ups, the reaper.
+// local queue, fair mode's tickets), the lease engine, leases, wake-ups, the reaper, and
+// a resigned leader's stand-aside.
 mod acquire;
 mod engine;
 mod fair;
@@ -40,6 +41,7 @@ mod line;
 mod queue;
 mod reaper;
 mod several;
+mod stand_aside;
 mod wakeups;
 // The lock-table access layer (the only sender of lock-table SQL) and migrations.
 mod migrate;
@@ -89,6 +91,7 @@ pub use schedule::{
     MAX_PERIOD, MIN_PERIOD, Period, Schedule, ScheduleHandle, ScheduleStats, Tick, Turn,
 };
 pub use semaphore::{MAX_PERMITS, Permit, Semaphore};
+pub use stand_aside::RESIGN_HOLD_OFF_SLACK;
 pub use stats::Stats;
 
 /// The sqlx that dblock is built on (0.9), so that an application can name the same

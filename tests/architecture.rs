@@ -37,7 +37,16 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "lock algorithm",
         &[
-            "core", "acquire", "engine", "fair", "lease", "line", "queue", "reaper", "several",
+            "core",
+            "acquire",
+            "engine",
+            "fair",
+            "lease",
+            "line",
+            "queue",
+            "reaper",
+            "several",
+            "stand_aside",
             "wakeups",
         ],
     ),

@@ -9,6 +9,7 @@ mod engine;
 mod fair;
 mod fencing;
 mod first_hour;
+mod handover;
 mod inputs;
 mod interop;
 mod jobs;
@@ -36,6 +37,7 @@ pub use engine::*;
 pub use fair::*;
 pub use fencing::*;
 pub use first_hour::*;
+pub use handover::*;
 pub use inputs::*;
 pub use interop::*;
 pub use jobs::*;
@@ -132,6 +134,9 @@ macro_rules! conformance_suite {
             rw_lock_read_waits_for_a_write_in_flight,
             election_has_one_leader_at_a_time,
             election_run_stops_the_work_on_loss_and_campaigns_again,
+            resign_hands_the_lead_to_another_process,
+            a_lone_resigner_leads_again_after_its_hold_off,
+            a_resigner_holds_off_no_other_local_candidate,
             multi_key_locks_are_all_or_nothing,
             cancelled_primitives_leave_no_rows,
             primitives_hear_releases_elsewhere,
