@@ -1,12 +1,13 @@
 //! Fencing inside the caller's own transaction: [`LockGuard::assert_held`], and
 //! [`LockGuard::commit`] / [`LockGuard::explain`], which read a conflict rollback of that
-//! transaction as the lost lock it may be.
+//! transaction as the lost lock it may be; the same for all the keys of a [`MultiGuard`].
 
 use sqlx::Transaction;
 
 use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::multi::MultiGuard;
 use crate::retry::by_deadline;
 
 impl<DB: Backend> LockGuard<DB> {
@@ -163,5 +164,113 @@ impl<DB: Backend> LockGuard<DB> {
             // Still ours: an ordinary conflict. Unreadable: the error is all we know.
             Ok(true) | Err(_) => Error::Database(err),
         }
+    }
+}
+
+impl<DB: Backend> MultiGuard<DB> {
+    /// [`LockGuard::assert_held`] for every key, in one statement: inside the caller's
+    /// write transaction `tx`, checks that each row still has its guard's owner and
+    /// fencing token and an unexpired lease by the database clock, and locks all of them
+    /// until `tx` ends (what `assert_held` says of one row holds for each, the idle bound
+    /// on PostgreSQL set by the lease that ends first).
+    ///
+    /// Errors: [`Error::NotHeld`] naming a key that is no longer held (roll `tx` back:
+    /// dropping it does); otherwise as [`LockGuard::assert_held`].
+    ///
+    /// # Example
+    /// ```
+    /// # async fn demo(locker: dblock::Locker<dblock::Sqlite>) -> Result<(), dblock::Error> {
+    /// let five = std::time::Duration::from_secs(5);
+    /// let both = locker.acquire_all(&["account:3", "account:7"], five, five).await?;
+    /// let mut tx = locker.pool().begin().await?;
+    /// both.assert_held(&mut tx).await?; // both accounts' locks, one statement
+    /// // ... debit one, credit the other, on `tx` ...
+    /// both.commit(tx).await?;
+    /// both.release().await
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads and locks inside `tx`; dropping `tx` undoes the locks.
+    pub async fn assert_held(&self, tx: &mut Transaction<'_, DB>) -> Result<()> {
+        let Some(first) = self.guards().first() else {
+            return Ok(());
+        };
+        let table = first.lock_table();
+        let ids: Vec<_> = self.guards().iter().map(LockGuard::lock_id).collect();
+        let until = tokio::time::Instant::now() + table.statement_timeout();
+        match by_deadline(until, table.check_fences(tx, &ids)).await {
+            Ok(held) if held == ids.len() as u64 => Ok(()),
+            Ok(_) => Err(self.which_not_held().await),
+            Err(err) if DB::is_conflict_rollback(&err) => Err(self.explain(err).await),
+            Err(err) => Err(table.row_lock_error(err)),
+        }
+    }
+
+    /// [`LockGuard::commit`] for a transaction this guard's
+    /// [`assert_held`](Self::assert_held) checked: a conflict refusal while any of the
+    /// keys is no longer held is [`Error::NotHeld`] for that key.
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::commit`].
+    pub async fn commit(&self, tx: Transaction<'_, DB>) -> Result<()> {
+        match tx.commit().await {
+            Ok(()) => Ok(()),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// [`LockGuard::explain`] for every key: [`Error::NotHeld`] for the first key no
+    /// longer held when `err` is a conflict rollback; otherwise `err` as
+    /// [`Error::Database`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn explain(&self, err: sqlx::Error) -> Error {
+        if !DB::is_conflict_rollback(&err) {
+            return Error::Database(err);
+        }
+        let not_held = self.first_not_held().await;
+        not_held.unwrap_or(Error::Database(err))
+    }
+
+    /// [`LockGuard::ensure_held`] for every key: `Ok` while every lease is held by this
+    /// process's clock, else [`Error::LockLost`] for the first key (in key order) that
+    /// is lost. No statement.
+    pub fn ensure_held(&self) -> Result<()> {
+        self.guards().iter().try_for_each(LockGuard::ensure_held)
+    }
+
+    /// [`LockGuard::remaining`] of the lease that ends first (zero if any is lost).
+    pub fn remaining(&self) -> std::time::Duration {
+        let remaining = self.guards().iter().map(LockGuard::remaining);
+        remaining.min().unwrap_or_default()
+    }
+
+    /// The first key (in key order) whose lease is lost, and why; `None` while all are
+    /// held.
+    pub fn lost_reason(&self) -> Option<(String, crate::LostReason)> {
+        self.guards()
+            .iter()
+            .find_map(|guard| Some((guard.key().to_owned(), guard.lost_reason()?)))
+    }
+
+    /// After a check that found fewer rows than keys: the first key not held; the first
+    /// key if every read says held (a row changed meanwhile) or fails, since the check
+    /// did not lock them all and `tx` must not go on.
+    async fn which_not_held(&self) -> Error {
+        let not_held = self.first_not_held().await;
+        not_held.unwrap_or_else(|| self.guards()[0].not_held())
+    }
+
+    /// [`Error::NotHeld`] for the first key (in key order) that a read on a pool
+    /// connection finds no longer held; `None` if none is (or a read fails).
+    async fn first_not_held(&self) -> Option<Error> {
+        for guard in self.guards() {
+            if let Ok(false) = guard.lock_table().still_held(guard.lock_id()).await {
+                return Some(guard.not_held());
+            }
+        }
+        None
     }
 }

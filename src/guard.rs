@@ -152,6 +152,55 @@ impl<DB: Backend> LockGuard<DB> {
         self.lease.lost_reason()
     }
 
+    /// `Ok` while the lease is held by this process's clock, [`Error::LockLost`] with the
+    /// reason once it is lost (as [`lost_reason`](Self::lost_reason) says): a local check,
+    /// no statement. Call it right before an action the database cannot fence, such as a
+    /// call to another service: a process frozen past its lease (a GC pause, a stopped
+    /// VM) finds out here, before the call, rather than after. Bound that action by
+    /// [`remaining`](Self::remaining), and pass the [`fencing_token`](Self::fencing_token)
+    /// where the callee can check it (see the README, "Calling another service under a
+    /// lock").
+    ///
+    /// # Example
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # use std::time::Duration;
+    /// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # let locker = dblock::Locker::new(pool);
+    /// # locker.migrate().await?;
+    /// let guard = locker.try_acquire("partner-api", Duration::from_secs(10)).await?.unwrap();
+    /// guard.ensure_held()?; // no statement: the lease's local deadline, margin included
+    /// let bound = guard.remaining(); // under 10 s: the lease less its margin
+    /// assert!(bound > Duration::from_secs(9) && bound < Duration::from_secs(10));
+    /// // tokio::time::timeout(bound, partner.call(guard.fencing_token())).await
+    /// # guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn ensure_held(&self) -> Result<()> {
+        match self.lost_reason() {
+            None => Ok(()),
+            Some(reason) => Err(Error::LockLost {
+                key: self.key().to_owned(),
+                reason,
+            }),
+        }
+    }
+
+    /// How long the lease is still this guard's by this process's clock: until its local
+    /// deadline, which comes a margin before the database may see it expire
+    /// ([`Locker::lease_margin`](crate::Locker::lease_margin)), and moves on with every
+    /// renewal. Zero once the lease is lost. Bound work that the database cannot fence by
+    /// it (with [`ensure_held`](Self::ensure_held) just before).
+    pub fn remaining(&self) -> Duration {
+        if self.lost_reason().is_some() {
+            return Duration::ZERO;
+        }
+        self.lease
+            .deadline()
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
     /// Completes with the reason when the lease is lost: the row expired, was taken over
     /// or deleted, or the database stayed unreachable until the lease's local deadline,
     /// which is a margin before the database can see it expire (send time of the last

@@ -180,6 +180,19 @@ pub struct WriteGuard<DB: Backend> {
     writer: LockGuard<DB>,
 }
 
+/// The guard on the grant row, whose token is the write's: [`assert_held`](LockGuard::assert_held),
+/// [`commit`](LockGuard::commit) and the rest fence the write's transactions as any
+/// guard's do. ([`ensure_held`](WriteGuard::ensure_held), [`remaining`](WriteGuard::remaining),
+/// [`lost`](WriteGuard::lost) and [`lost_reason`](WriteGuard::lost_reason) are the
+/// write's own: they look at both rows.)
+impl<DB: Backend> Deref for WriteGuard<DB> {
+    type Target = LockGuard<DB>;
+
+    fn deref(&self) -> &LockGuard<DB> {
+        &self.grant
+    }
+}
+
 impl<DB: Backend> WriteGuard<DB> {
     /// The write's fencing token: greater than every earlier write's and read's, so a
     /// resource that keeps the highest token it saw refuses a stale writer. (On
@@ -211,6 +224,18 @@ impl<DB: Backend> WriteGuard<DB> {
         self.grant
             .lost_reason()
             .or_else(|| self.writer.lost_reason())
+    }
+
+    /// [`LockGuard::ensure_held`] for both rows: `Ok` while both leases are held by this
+    /// process's clock, else [`Error::LockLost`](crate::Error::LockLost) for the first
+    /// lost. No statement.
+    pub fn ensure_held(&self) -> Result<()> {
+        self.grant.ensure_held().and(self.writer.ensure_held())
+    }
+
+    /// [`LockGuard::remaining`] of the row whose lease ends first.
+    pub fn remaining(&self) -> Duration {
+        self.grant.remaining().min(self.writer.remaining())
     }
 
     /// Ends the write: deletes both rows, the grant's and the writer's (which lets

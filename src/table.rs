@@ -888,6 +888,17 @@ impl<DB: Backend> LockTable<DB> {
         DB::check_fence(conn, &self.sql, id, certified).await
     }
 
+    /// [`check_fence`](Self::check_fence) for several locks in one statement: how many of
+    /// `ids` hold.
+    pub(crate) async fn check_fences(
+        &self,
+        conn: &mut DB::Connection,
+        ids: &[LockId<'_>],
+    ) -> Result<u64, sqlx::Error> {
+        let certified = self.certifies_writes_on(conn).await?;
+        DB::check_fences(conn, &self.sql, ids, certified).await
+    }
+
     /// Whether `id` still holds an unexpired lease by the database clock, read on a pool
     /// connection (outside any transaction of the caller's).
     pub(crate) async fn still_held(&self, id: LockId<'_>) -> Result<bool> {

@@ -102,6 +102,16 @@ impl AnyGuard {
         dispatch!(self, AnyGuard, guard => guard.lost_reason())
     }
 
+    /// [`LockGuard::ensure_held`]: a local check, no statement.
+    pub fn ensure_held(&self) -> Result<()> {
+        dispatch!(self, AnyGuard, guard => guard.ensure_held())
+    }
+
+    /// [`LockGuard::remaining`]: the lease left by this process's clock.
+    pub fn remaining(&self) -> Duration {
+        dispatch!(self, AnyGuard, guard => guard.remaining())
+    }
+
     /// [`LockGuard::lost`].
     ///
     /// # Cancel safety

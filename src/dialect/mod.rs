@@ -299,6 +299,15 @@ pub trait LockSql: Dialect {
         certified: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
+    /// [`check_fence`](Self::check_fence) for several locks in one statement: how many of
+    /// `locks` hold an unexpired lease, each of their rows locked as `check_fence` locks it.
+    fn check_fences(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        locks: &[LockId<'_>],
+        certified: bool,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
+
     /// Whether some servers of this dialect take `RETURNING` on the acquisition's upsert
     /// and others do not (MariaDB 10.5+ and MySQL 8), so that
     /// [`LockSql::upsert_returns`] must ask.

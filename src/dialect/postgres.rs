@@ -490,6 +490,24 @@ impl LockSql for Postgres {
         }))
     }
 
+    async fn check_fences(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        locks: &[LockId<'_>],
+        _certified: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let keys: Vec<&str> = locks.iter().map(|id| id.key).collect();
+        let owners: Vec<&str> = locks.iter().map(|id| id.owner).collect();
+        let tokens: Vec<i64> = locks.iter().map(|id| id.fencing_token).collect();
+        let found: Vec<i64> = sqlx::query_scalar(audited(&sql.check_fences))
+            .bind(keys)
+            .bind(owners)
+            .bind(tokens)
+            .fetch_all(conn)
+            .await?;
+        Ok(found.len() as u64)
+    }
+
     async fn release_batch(
         conn: &mut PgConnection,
         sql: &Statements,
@@ -878,6 +896,25 @@ SELECT f.fencing_token,
            AND expire_time > clock_timestamp()
            FOR SHARE) AS f,
        LATERAL (SELECT GREATEST(1, ceil(EXTRACT(EPOCH FROM f.expire_time - clock_timestamp()) * 1000))::bigint AS left_ms,
+                       (EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS was) AS b";
+
+// CHECK_FENCE for several rows (a MultiGuard's): each row locked as there, and the idle
+// bound set to what is left of the lease that ends first. Row locks cannot be taken where
+// a window is computed, hence the nesting.
+const CHECK_FENCES: &str = "\
+SELECT f.fencing_token,
+       set_config('idle_in_transaction_session_timeout',
+                  (CASE WHEN b.was > 0 AND b.was < b.left_ms THEN b.was ELSE b.left_ms END)::text,
+                  true)
+  FROM (SELECT held.fencing_token, min(held.expire_time) OVER () AS first_end
+          FROM (SELECT t.fencing_token, t.expire_time
+                  FROM {table} AS t
+                  JOIN unnest($1::text[], $2::text[], $3::bigint[]) AS w(k, o, tok)
+                    ON t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
+                 WHERE t.expire_time > clock_timestamp()
+                 ORDER BY t.lock_key
+                   FOR SHARE OF t) AS held) AS f,
+       LATERAL (SELECT GREATEST(1, ceil(EXTRACT(EPOCH FROM f.first_end - clock_timestamp()) * 1000))::bigint AS left_ms,
                        (EXTRACT(EPOCH FROM current_setting('idle_in_transaction_session_timeout')::interval) * 1000)::bigint AS was) AS b";
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ macro_rules! statements {
             keep_min_hold: KEEP_MIN_HOLD,
             reap: REAP,
             check_fence: CHECK_FENCE,
+            check_fences: CHECK_FENCES,
             note_waiter: NOTE_WAITER,
             take_ticket: TAKE_TICKET,
             earlier_ticket: EARLIER_TICKET,

@@ -233,6 +233,19 @@ impl LockSql for Sqlite {
         returning_acquire!(conn, sql, key, owner, lease_micros)
     }
 
+    async fn check_fences(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        locks: &[LockId<'_>],
+        _certified: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let found: Vec<i64> = sqlx::query_scalar(audited(&sql.check_fences))
+            .bind(ids_json(locks))
+            .fetch_all(conn)
+            .await?;
+        Ok(found.len() as u64)
+    }
+
     async fn release_batch(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -428,6 +441,16 @@ impl TxSql for Sqlite {
 
 // A write that changes nothing, so that a deferred transaction takes the write lock here:
 // from now until it ends no other writer (takeover, release, renewal) can commit.
+// CHECK_FENCE for several rows (a MultiGuard's), in one statement.
+const CHECK_FENCES: &str = "\
+UPDATE {table} SET lock_value = lock_value
+ WHERE rowid IN (
+    SELECT t.rowid FROM json_each(?1) AS w
+      JOIN {table} AS t ON t.lock_key = w.value ->> '$.k'
+     WHERE t.lock_value = w.value ->> '$.o' AND t.fencing_token = w.value ->> '$.t'
+       AND t.expire_time > {now})
+RETURNING fencing_token";
+
 const CHECK_FENCE: &str = "\
 UPDATE {table} SET lock_value = lock_value
  WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3

@@ -9,6 +9,7 @@ mod engine;
 mod fair;
 mod fencing;
 mod first_hour;
+mod guard_surface;
 mod handover;
 mod inputs;
 mod interop;
@@ -37,6 +38,7 @@ pub use engine::*;
 pub use fair::*;
 pub use fencing::*;
 pub use first_hour::*;
+pub use guard_surface::*;
 pub use handover::*;
 pub use inputs::*;
 pub use interop::*;
@@ -154,6 +156,8 @@ macro_rules! conformance_suite {
             an_answer_after_the_deadline_makes_no_guard,
             one_stuck_fenced_transaction_costs_one_lease,
             a_hammered_key_stays_renewed,
+            every_guard_knows_locally_that_its_lease_ended,
+            a_multi_guard_asserts_all_its_keys_in_its_transaction,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
