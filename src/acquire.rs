@@ -27,7 +27,7 @@ use crate::error::{Error, LostReason, Result};
 use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
 use crate::line::{Line, Offer, Terms};
-use crate::queue::Fifo;
+use crate::queue::{Fifo, GROUP_MARK};
 use crate::retry::{Backoff, Retry, by_deadline, retry};
 use crate::stats::Counters;
 use crate::table::LockTable;
@@ -500,10 +500,16 @@ async fn timed_out<DB: Backend>(
     // Who kept the row waited for: worth one more read (briefly), the wait is over anyway.
     let read = by_deadline(Instant::now() + HOLDER_READ, core.table.inspect(held));
     let holder = read.await.ok().flatten();
+    // A primitive's waiters line up under its group (`<name>~`), which names no row: the
+    // row waited for is the key that stayed held.
+    let key = if key.ends_with(GROUP_MARK) { held } else { key };
     Error::Timeout {
         key: key.to_owned(),
         waited,
         attempts,
+        held_here: holder
+            .as_ref()
+            .is_some_and(|h| h.owner.starts_with(&core.owner_prefix)),
         held_by: holder.as_ref().map(|h| h.owner.clone()),
         held_until: holder.map(|h| h.expires_at),
     }

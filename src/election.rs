@@ -460,7 +460,9 @@ impl<DB: Backend> Election<DB> {
                     return done;
                 }
                 Err(reason) => {
-                    tracing::warn!(election = %self.name, term = leadership.term(), %reason, "leadership lost; campaigning again");
+                    // The lease's own WARN line ("lock lost") already said it: one line
+                    // per lost lease.
+                    tracing::debug!(election = %self.name, term = leadership.term(), %reason, "leadership lost; campaigning again");
                 }
             }
         }

@@ -164,10 +164,11 @@ pub enum Error {
     /// A waiting acquire ran out of time while someone else held the lock.
     #[error(
         "timed out after {waited:?} waiting for lock {key:?} ({attempts} attempts){}",
-        holder_text(held_by.as_deref(), held_until.as_ref())
+        holder_text(held_by.as_deref(), held_until.as_ref(), *held_here)
     )]
     Timeout {
-        /// The key that stayed held.
+        /// The key that stayed held: for a semaphore or an election, the row waited for
+        /// (`<name>~<part>`).
         key: String,
         /// How long the caller waited.
         waited: Duration,
@@ -178,6 +179,10 @@ pub enum Error {
         held_by: Option<String>,
         /// When the holder's lease ends, by the database clock, if it could be read.
         held_until: Option<DateTime<Utc>>,
+        /// Whether the holder is this Locker itself (its owner value has this Locker's
+        /// owner prefix, which names host and process by default): another guard of this
+        /// process holds what the caller waited for, perhaps one it forgot to release.
+        held_here: bool,
     },
     /// Release or extend found that the row is no longer ours: it expired and was taken
     /// over, or was deleted. Nothing was changed. (A release that finds its row still
@@ -351,11 +356,15 @@ pub(crate) fn is_transient(err: &sqlx::Error) -> bool {
     )
 }
 
-fn holder_text(owner: Option<&str>, until: Option<&DateTime<Utc>>) -> String {
-    match (owner, until) {
-        (Some(owner), Some(until)) => format!("; held by {owner:?} until {until}"),
-        (Some(owner), None) => format!("; held by {owner:?}"),
-        _ => String::new(),
+fn holder_text(owner: Option<&str>, until: Option<&DateTime<Utc>>, here: bool) -> String {
+    let who = match owner {
+        Some(owner) if here => format!("this process (owner {owner:?})"),
+        Some(owner) => format!("{owner:?}"),
+        None => return String::new(),
+    };
+    match until {
+        Some(until) => format!("; held by {who} until {until}"),
+        None => format!("; held by {who}"),
     }
 }
 

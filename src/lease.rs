@@ -236,6 +236,12 @@ impl Lease {
         self.status().lost
     }
 
+    /// Whether the lease was declared lost (and its loss logged), without declaring it
+    /// lost now if its deadline has passed, as [`lost_reason`](Self::lost_reason) does.
+    pub(crate) fn was_lost(&self) -> bool {
+        self.status().lost.is_some()
+    }
+
     /// Completes when the lease is lost; pending forever while it is held.
     pub(crate) async fn lost(&self) -> LostReason {
         loop {

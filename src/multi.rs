@@ -204,6 +204,7 @@ impl<DB: Backend> Locker<DB> {
                 attempts,
                 held_by,
                 held_until,
+                held_here,
                 ..
             }) => Err(Error::Timeout {
                 key: shown,
@@ -211,6 +212,7 @@ impl<DB: Backend> Locker<DB> {
                 attempts,
                 held_by,
                 held_until,
+                held_here,
             }),
             Err(err) => Err(err),
         }

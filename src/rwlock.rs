@@ -475,6 +475,7 @@ impl<DB: Backend> RwLock<DB> {
                     attempts: reads,
                     held_by: None,
                     held_until: None,
+                    held_here: false,
                 });
             };
             tokio::select! {
@@ -491,6 +492,7 @@ impl<DB: Backend> RwLock<DB> {
                 attempts: reads,
                 held_by: None,
                 held_until: None,
+                held_here: false,
             }),
         }
     }

@@ -2,6 +2,9 @@
 //! is *set* by every check (not moved up and down), and the debugging recorder hands a
 //! gauge's value over only once (its snapshot resets it), so this binary has a recorder of
 //! its own and reads it only between checks it waited for, one case at a time.
+//!
+//! Its WARN log also shows that a lost lease says so in one WARN line (issue 43, point 5):
+//! a guard dropped after its loss is released without a second one.
 
 // This binary uses part of the shared harness; the rest is for the conformance binaries.
 #[allow(dead_code)]
@@ -61,15 +64,24 @@ fn long_held_gauge(table: &str) -> Option<f64> {
         })
 }
 
-/// `(table, key)` of every "lock held longer than the leak threshold" event.
-static WARNINGS: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+/// `(message, table, key)` of every WARN event.
+static WARNINGS: Mutex<Vec<(String, String, String)>> = Mutex::new(Vec::new());
+
+const LONG_HELD_EVENT: &str = "lock held longer than the leak threshold";
 
 fn warnings(table: &str, key: &str) -> usize {
     let warnings = WARNINGS.lock().unwrap_or_else(PoisonError::into_inner);
     warnings
         .iter()
-        .filter(|(t, k)| t == table && k == key)
+        .filter(|(m, t, k)| m == LONG_HELD_EVENT && t == table && k == key)
         .count()
+}
+
+/// The messages of the WARN events about `key` (keys are unique to their test).
+fn warnings_about(key: &str) -> Vec<String> {
+    let warnings = WARNINGS.lock().unwrap_or_else(PoisonError::into_inner);
+    let about = warnings.iter().filter(|(_, _, k)| k == key);
+    about.map(|(message, _, _)| message.clone()).collect()
 }
 
 struct WarnLog;
@@ -98,11 +110,9 @@ impl<S: tracing::Subscriber> Layer<S> for WarnLog {
         }
         let mut fields = Fields::default();
         event.record(&mut fields);
-        if *event.metadata().level() == tracing::Level::WARN
-            && fields.message == "lock held longer than the leak threshold"
-        {
+        if *event.metadata().level() == tracing::Level::WARN {
             let mut warnings = WARNINGS.lock().unwrap_or_else(PoisonError::into_inner);
-            warnings.push((fields.table, fields.key));
+            warnings.push((fields.message, fields.table, fields.key));
         }
     }
 }
@@ -205,4 +215,56 @@ async fn mysql_leak_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_leak_check() {
     gauge_and_events::<sqlx::Sqlite>().await;
+}
+
+/// A lease lost at its deadline (nobody renews it), whose guard is then dropped: one WARN
+/// line ("lock lost"), and none for the background release that finds nothing to do.
+async fn a_lost_lease_warns_once<DB: TestBackend>() {
+    snapshotter(); // installs the WARN log
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let key = format!("noise:{}", db.table);
+    let guard = db
+        .locker
+        .try_acquire(&key, Duration::from_millis(300))
+        .await;
+    let guard = guard.unwrap().expect("a free key");
+    timeout(PATIENCE, guard.lost())
+        .await
+        .expect("lost at its deadline");
+    drop(guard);
+    // A live guard dropped after it goes out in the same background pass; once its row is
+    // gone, that pass has also dealt with the lost one.
+    let marker = format!("{key}:marker");
+    let live = db.locker.try_acquire(&marker, LONG).await.unwrap();
+    drop(live.expect("a free key"));
+    let gone = async {
+        while db.locker.holder(&marker).await.unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    timeout(PATIENCE, gone)
+        .await
+        .expect("the live guard's row released");
+    assert_eq!(
+        warnings_about(&key),
+        ["lock lost"],
+        "one WARN line for one lost lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_lost_lease_warns_once() {
+    a_lost_lease_warns_once::<sqlx::Postgres>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lost_lease_warns_once() {
+    a_lost_lease_warns_once::<sqlx::MySql>().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_lost_lease_warns_once() {
+    a_lost_lease_warns_once::<sqlx::Sqlite>().await;
 }

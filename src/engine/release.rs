@@ -218,8 +218,16 @@ impl<DB: Backend> EngineState<DB> {
                     .map_err(Retry::Again)
             })
             .await;
-            if let Err(err) = released {
-                tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+            match released {
+                Ok(_) => {}
+                // Lost already (its one WARN line said so): nothing failed that the lease
+                // had not lost anyway, and its row is someone else's or gone.
+                Err(err) if lease.was_lost() => {
+                    tracing::debug!(key = %lease.key, owner = %lease.owner, error = %err, "background release of a lost lease found nothing to release");
+                }
+                Err(err) => {
+                    tracing::warn!(key = %lease.key, owner = %lease.owner, error = %err, "background release failed; the lease will expire");
+                }
             }
         });
     }
@@ -349,7 +357,12 @@ impl<DB: Backend> EngineState<DB> {
         let (live, lapsed): (Vec<_>, Vec<_>) =
             batch.drain(..).partition(|lease| now < lease.deadline());
         for lease in lapsed {
-            tracing::warn!(key = %lease.key, owner = %lease.owner, "background release failed until the lease's deadline; the row will expire");
+            if lease.was_lost() {
+                // Its loss was logged once already (lease.rs); this is no new failure.
+                tracing::debug!(key = %lease.key, owner = %lease.owner, "lost lease given up without a release");
+            } else {
+                tracing::warn!(key = %lease.key, owner = %lease.owner, "background release failed until the lease's deadline; the row will expire");
+            }
             lease.end_hold();
             self.queues.released(&lease.key);
         }

@@ -143,7 +143,10 @@ pub async fn a_multi_guard_asserts_all_its_keys_in_its_transaction<DB: TestBacke
     all.commit(tx).await.expect("committed");
 
     // One key taken over by a rival: the check refuses, naming it.
-    assert!(db.locker.force_release("transfer:b").await.unwrap(), "b was held");
+    assert!(
+        db.locker.force_release("transfer:b").await.unwrap(),
+        "b was held"
+    );
     let rival = db.locker.try_acquire("transfer:b", LONG).await.unwrap();
     let rival = rival.expect("b was free");
     let mut tx = db.pool.begin().await.unwrap();

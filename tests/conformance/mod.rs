@@ -158,6 +158,7 @@ macro_rules! conformance_suite {
             a_hammered_key_stays_renewed,
             every_guard_knows_locally_that_its_lease_ended,
             a_multi_guard_asserts_all_its_keys_in_its_transaction,
+            a_primitive_timeout_names_its_row_and_this_process,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

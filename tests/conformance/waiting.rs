@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dblock::{Error, LockGuard};
+use dblock::{Error, LockGuard, Locker};
 use tokio::time::Instant;
 
 use super::{LONG, PATIENCE};
@@ -57,6 +57,7 @@ pub async fn acquire_times_out<DB: TestBackend>() {
             attempts,
             held_by,
             held_until,
+            held_here,
         }) => {
             assert_eq!(k, key);
             assert!(waited >= wait, "{waited:?}");
@@ -64,6 +65,8 @@ pub async fn acquire_times_out<DB: TestBackend>() {
             // The error says who kept the key, and until when (database clock).
             assert_eq!(held_by.as_deref(), Some(kept.owner()));
             assert_eq!(held_until, Some(kept.expires_at()));
+            // Kept by this same Locker: the text says so plainly.
+            assert!(held_here, "the holder is this Locker");
         }
         other => panic!("expected Timeout, got {other:?}"),
     }
@@ -145,4 +148,51 @@ impl From<Error> for WorkError {
     fn from(err: Error) -> Self {
         WorkError::Lock(err)
     }
+}
+
+/// A semaphore's wait that runs out names the permit row it waited for (not the bare
+/// `<name>~` its waiters line up under), and says plainly when the holder is this very
+/// Locker; a holder elsewhere is named by its owner value only.
+pub async fn a_primitive_timeout_names_its_row_and_this_process<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let calls = db.locker.semaphore("partner-api", 1);
+    let permit = calls
+        .try_acquire(LONG)
+        .await
+        .unwrap()
+        .expect("a free permit");
+    let wait = Duration::from_millis(200);
+    let err = calls.acquire(LONG, wait).await.expect_err("no permit free");
+    match &err {
+        Error::Timeout {
+            key,
+            held_by,
+            held_here,
+            ..
+        } => {
+            assert_eq!(key, permit.key(), "the row waited for");
+            assert!(key.len() > "partner-api~".len(), "{key:?}");
+            assert_eq!(held_by.as_deref(), Some(permit.owner()));
+            assert!(held_here, "held by this Locker");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(err.to_string().contains("held by this process"), "{err}");
+
+    let elsewhere = Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .owner_prefix("elsewhere:")
+        .build()
+        .unwrap();
+    let err = elsewhere
+        .semaphore("partner-api", 1)
+        .acquire(LONG, wait)
+        .await;
+    match err {
+        Err(Error::Timeout { held_here, .. }) => assert!(!held_here, "another Locker's"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    permit.release().await.unwrap();
 }

@@ -441,6 +441,7 @@ async fn take<DB: FaultDb>(
                     attempts: 0,
                     held_by: None,
                     held_until: None,
+                    held_here: false,
                 }),
             }
         }
