@@ -17,7 +17,8 @@
 //!    `hotkey/tasks.rs`);
 //! 5. what every section shares: `servers` (connections and the bench's own SQL, a file
 //!    per database), `handwritten` (the baselines), `contenders` (dblock, its dialect
-//!    layer, Redis), the stock example's workload;
+//!    layer, Redis), `workers` (the worker processes of cells 3.2, 3.4, 7.2 and 7.3: the
+//!    bench re-executed, its job and report), the stock example's workload;
 //! 6. leaves: `settings` (flags), `measure` (samples, rounds, timed loads), `report`
 //!    (markdown), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //!    failures).
@@ -36,22 +37,34 @@ mod servers;
 mod settings;
 mod stock;
 mod trace;
+mod workers;
 // The stock example's workload and strategies, shared with the example and its tests.
 #[path = "../../examples/stock/mod.rs"]
 mod stock_example;
 
 use std::time::{Duration, Instant};
 
+use servers::LockDb;
 use settings::{Section, Settings};
+use workers::{Job, Mode, Report};
 
 #[global_allocator]
 static ALLOCATOR: heap::Counting = heap::Counting;
 
 #[tokio::main]
 async fn main() {
-    // A worker process of the hot-key section takes no flags: it runs its job and exits.
-    if hotkey::worker_if_asked().await {
-        return;
+    // A worker process takes no flags: it runs its job and exits.
+    if let Some(asked) = Job::asked() {
+        let outcome = match asked {
+            Ok((job, url)) => match workers::connect(&url).await {
+                Ok(workers::Pools::Postgres(pool)) => work(pool, &job).await,
+                Ok(workers::Pools::MySql(pool)) => work(pool, &job).await,
+                Ok(workers::Pools::Sqlite(pool)) => work(pool, &job).await,
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        workers::exit_with(outcome);
     }
     let settings = Settings::from_env_and_args();
     trace::install();
@@ -97,6 +110,23 @@ async fn main() {
             .ok(),
     };
 
+    // SQLite needs no server: a database file of its own, removed with `_scratch`, for
+    // the cells whose worker processes share it.
+    let sqlite_cells = settings.runs(Section::HotKey) || settings.runs(Section::Primitives);
+    let (lite, _scratch) = match &settings.sqlite_dir {
+        Some(dir) if sqlite_cells => match servers::sqlite::open(dir).await {
+            Ok((server, scratch)) => (Some(server), Some(scratch)),
+            Err(e) => {
+                notes.push(format!(
+                    "SQLite (a file under DBLOCK_BENCH_SQLITE, {}) not opened, skipped: {e}",
+                    dir.display()
+                ));
+                (None, None)
+            }
+        },
+        _ => (None, None),
+    };
+
     let mut body = String::new();
     if settings.runs(Section::Cycle) {
         body.push_str(&cycle::section(&settings, pg.as_ref(), my.as_ref(), redis.as_ref()).await);
@@ -108,6 +138,9 @@ async fn main() {
         }
         if let Some(my) = &my {
             body.push_str(&hotkey::section(&settings, my).await);
+        }
+        if let Some(lite) = &lite {
+            body.push_str(&hotkey::file_section(&settings, lite).await);
         }
     }
     if settings.runs(Section::Stock) {
@@ -155,6 +188,9 @@ async fn main() {
         if let Some(my) = &my {
             body.push_str(&primitives::section(&settings, my).await);
         }
+        if let Some(lite) = &lite {
+            body.push_str(&primitives::file_section(&settings, lite).await);
+        }
     }
 
     let preamble = report::Preamble {
@@ -169,6 +205,7 @@ async fn main() {
         servers: [
             pg.as_ref().map(|s| s.label.clone()),
             my.as_ref().map(|s| s.label.clone()),
+            lite.as_ref().map(|s| s.label.clone()),
             redis.as_ref().map(|_| "Redis".to_owned()),
         ]
         .into_iter()
@@ -189,6 +226,14 @@ async fn main() {
         std::process::exit(1);
     }
     eprintln!("compare: wrote {}", settings.out.display());
+}
+
+/// A worker process's job, run by the section whose mode it is.
+async fn work<DB: LockDb>(pool: sqlx::Pool<DB>, job: &Job) -> Result<Report, String> {
+    match job.mode {
+        Mode::HotKey | Mode::Fair => hotkey::work(pool, job).await,
+        Mode::Semaphore | Mode::Election => primitives::work(pool, job).await,
+    }
 }
 
 /// How long to try to reach a server before skipping it (sqlx keeps retrying a refused

@@ -64,6 +64,12 @@ impl Samples {
         self.nanos.iter().filter(|&&n| n > limit).count() as f64 / self.nanos.len() as f64
     }
 
+    /// The samples as nanoseconds, in the order pushed (or sorted, once a percentile was
+    /// read).
+    pub fn nanos(&self) -> &[u64] {
+        &self.nanos
+    }
+
     pub fn max(&self) -> Duration {
         Duration::from_nanos(self.nanos.iter().copied().max().unwrap_or(0))
     }

@@ -13,6 +13,10 @@ Flags (each also an environment variable; the flag wins):
   --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper,
                                                 primitives
                                                 (default: all)
+  --cells LIST        DBLOCK_BENCH_CELLS        only these cells, and their sections: cells of
+                                                sections 3 and 7 by number (3.1, 3.1b, 3.2,
+                                                3.3, 3.4, 7.1, 7.2, 7.3, 7.4), or a section's
+                                                number for all of it (1 to 7) (default: all)
   --guards LIST       DBLOCK_BENCH_GUARDS       guards held through one Locker in the renewal
                                                 section, one run each (default 1000,10000)
   --reap-rows N       DBLOCK_BENCH_REAP_ROWS    expired rows per reaper round (default 100000)
@@ -21,6 +25,10 @@ Servers (empty or `off` skips one):
   DBLOCK_BENCH_POSTGRES_URL  default postgres://postgres@127.0.0.1:5432/test
   DBLOCK_BENCH_MYSQL_URL     default mysql://root@127.0.0.1:3306/test
   DBLOCK_BENCH_REDIS_URL     default redis://127.0.0.1:6379
+SQLite (cells 3.2, 7.2 and 7.3; `off` skips it):
+  DBLOCK_BENCH_SQLITE        a directory for the bench's database file, made fresh in a
+                             directory of its own and removed afterwards (default: the
+                             system's temp dir)
 ";
 
 /// The sections of the report, in the order they run.
@@ -44,6 +52,18 @@ impl Section {
         Section::Primitives,
     ];
 
+    /// Its numbers in the report.
+    fn numbers(self) -> &'static [&'static str] {
+        match self {
+            Section::Cycle => &["1", "2"],
+            Section::HotKey => &["3"],
+            Section::Stock => &["4"],
+            Section::Renewal => &["5"],
+            Section::Reaper => &["6"],
+            Section::Primitives => &["7"],
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Section::Cycle => "cycle",
@@ -61,9 +81,13 @@ pub struct Settings {
     pub postgres_url: Option<String>,
     pub mysql_url: Option<String>,
     pub redis_url: Option<String>,
+    /// Where the SQLite cells' database file goes; `None`: no SQLite.
+    pub sqlite_dir: Option<PathBuf>,
     pub rounds: usize,
     pub round: Duration,
     pub sections: Vec<Section>,
+    /// The cells picked (`--cells`), `None` for all.
+    pub cells: Option<Vec<String>>,
     pub guards: Vec<usize>,
     pub reap_rows: u64,
     pub out: PathBuf,
@@ -73,7 +97,20 @@ pub struct Settings {
 
 impl Settings {
     pub fn runs(&self, section: Section) -> bool {
-        self.sections.contains(&section)
+        let picked = |cell: &String| {
+            let number = cell.split('.').next().unwrap_or_default();
+            section.numbers().contains(&number)
+        };
+        self.sections.contains(&section) && self.cells.as_ref().is_none_or(|c| c.iter().any(picked))
+    }
+
+    /// Whether cell `id` (`3.2`) runs, its section running: all do unless `--cells` picked
+    /// others.
+    pub fn runs_cell(&self, id: &str) -> bool {
+        let section = id.split('.').next().unwrap_or_default();
+        self.cells
+            .as_ref()
+            .is_none_or(|cells| cells.iter().any(|c| c == id || c == section))
     }
 
     /// Reads the environment, then the flags. Exits with the help text on `--help` or on a
@@ -86,9 +123,15 @@ impl Settings {
             ),
             mysql_url: server_url("DBLOCK_BENCH_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"),
             redis_url: server_url("DBLOCK_BENCH_REDIS_URL", "redis://127.0.0.1:6379"),
+            sqlite_dir: match std::env::var("DBLOCK_BENCH_SQLITE") {
+                Ok(v) if v == "off" => None,
+                Ok(v) if !v.is_empty() => Some(PathBuf::from(v)),
+                _ => Some(std::env::temp_dir()),
+            },
             rounds: 5,
             round: Duration::from_secs(1),
             sections: Section::ALL.to_vec(),
+            cells: None,
             guards: vec![1000, 10_000],
             reap_rows: 100_000,
             out: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/RESULTS.md")),
@@ -103,6 +146,9 @@ impl Settings {
         }
         if let Some(v) = env("DBLOCK_BENCH_SECTIONS") {
             s.sections = sections(&v);
+        }
+        if let Some(v) = env("DBLOCK_BENCH_CELLS") {
+            s.cells = Some(cells(&v));
         }
         if let Some(v) = env("DBLOCK_BENCH_GUARDS") {
             s.guards = counts("DBLOCK_BENCH_GUARDS", &v);
@@ -130,6 +176,7 @@ impl Settings {
                     s.round = Duration::from_secs(3);
                 }
                 "--sections" => s.sections = sections(&value()),
+                "--cells" => s.cells = Some(cells(&value())),
                 "--guards" => s.guards = counts(&flag, &value()),
                 "--reap-rows" => s.reap_rows = parse(&flag, &value()),
                 "--out" => s.out = PathBuf::from(value()),
@@ -197,6 +244,26 @@ fn sections(list: &str) -> Vec<Section> {
                 .into_iter()
                 .find(|s| s.name() == name)
                 .unwrap_or_else(|| usage(&format!("unknown section {name:?}")))
+        })
+        .collect()
+}
+
+/// The cells `--cells` may name besides a section's number.
+const CELLS: [&str; 9] = [
+    "3.1", "3.1b", "3.2", "3.3", "3.4", "7.1", "7.2", "7.3", "7.4",
+];
+
+fn cells(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(|id| {
+            let known =
+                CELLS.contains(&id) || Section::ALL.iter().any(|s| s.numbers().contains(&id));
+            if !known {
+                usage(&format!("unknown cell {id:?}"));
+            }
+            id.to_owned()
         })
         .collect()
 }

@@ -35,7 +35,10 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
             "hotkey::fair",
             "hotkey::pool",
             "hotkey::procs",
+            "primitives::election_procs",
             "primitives::failover",
+            "primitives::permits_procs",
+            "primitives::rw_peer",
             "primitives::throughput",
             "primitives::writer",
         ],
@@ -54,7 +57,13 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "what a section's cells share",
-        &["cycle::comparison", "hotkey::round", "hotkey::tasks"],
+        &[
+            "cycle::comparison",
+            "hotkey::round",
+            "hotkey::tasks",
+            "primitives::loads",
+            "primitives::procs",
+        ],
     ),
     (
         "what every section shares",
@@ -66,7 +75,9 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
             "servers",
             "servers::mysql",
             "servers::postgres",
+            "servers::sqlite",
             "stock_example",
+            "workers",
         ],
     ),
     (

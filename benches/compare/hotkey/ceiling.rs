@@ -13,8 +13,9 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::round::Counts;
-use super::tasks::{Contended, Grant, HOLD, Turn};
+use super::tasks::{Contended, HOLD, Turn};
 use crate::measure::{counting_polls, in_tasks};
+use crate::workers::Grant;
 
 /// The contender's name in the cells' tables.
 pub const NAME: &str = "no database: tokio::sync::Mutex (FIFO), in-process";

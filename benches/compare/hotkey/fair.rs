@@ -1,8 +1,8 @@
 //! Section 3, cell 4: fair mode against the default, 2 real OS processes x 4 tasks on one
 //! hot key, each process with its own Locker and pool.
 //!
-//! The workers and their rounds are cell 2's ([`workers::round`]); the job's last
-//! word says whether their Lockers are built with `fair(true)`. The two contenders take
+//! The workers and their rounds are cell 2's ([`workers::round`]); the job's mode
+//! says whether their Lockers are built with `fair(true)`. The two contenders take
 //! turns in rounds ([`turn_order`]). Each worker reports its grants as
 //! `fencing_token:ticket`: a key's fencing token rises with every grant, so the merged
 //! grants of both workers sorted by token are the grant order across processes, and in
@@ -25,20 +25,21 @@ use std::time::Duration;
 
 use sqlx::Pool;
 
-use super::tasks::Grant;
-use super::workers::{self, Mode, Report};
+use super::workers::{PROCESSES, TASKS_PER_PROCESS};
 use crate::measure::{median, new_owner, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server, counting_admin};
 use crate::settings::Settings;
+use crate::workers::{self, Grant, Job, Mode, Report};
 
 const TABLE: &str = "bench_lock_hot_fair";
-const MODES: [Mode; 2] = [Mode::Default, Mode::Fair];
+const MODES: [Mode; 2] = [Mode::HotKey, Mode::Fair];
 
 fn name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Default => "default mode (local queue)",
-        Mode::Fair => "fair mode (`fair(true)`, tickets)",
+    if mode == Mode::Fair {
+        "fair mode (`fair(true)`, tickets)"
+    } else {
+        "default mode (local queue)"
     }
 }
 
@@ -128,7 +129,8 @@ async fn round<DB: BenchDb>(
     length: Duration,
 ) -> Result<Round, Box<dyn std::error::Error>> {
     let before = DB::statements_seen(admin).await?;
-    let reports = workers::round(&server.url, TABLE, key, length, mode).await?;
+    let job = Job::new(mode, TABLE, key, TASKS_PER_PROCESS, length);
+    let reports = workers::round(&server.url, &job, PROCESSES).await?;
     let sent = DB::await_sessions_gone(admin).await;
     let after = DB::statements_seen(admin).await?;
     let grants = reports

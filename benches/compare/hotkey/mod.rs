@@ -25,7 +25,8 @@
 //! 2. **2 processes x 4 tasks** on the same key, each process with its own Locker and
 //!    pool ([`procs`](procs)): the bench re-executes itself as two
 //!    workers that start at the same instant; shares of the acquisitions and waits per
-//!    process.
+//!    process. The one cell that also runs on SQLite ([`file_section`]): the workers
+//!    share one database file.
 //! 3. **100 waiters through a pool of 4** ([`pool`](pool)): one
 //!    holder keeps the key (short lease, renewed) for the whole round while 100 tasks
 //!    wait for it; statements per second the server sees, dblock against polling.
@@ -37,9 +38,11 @@
 //!
 //! The section reads one way down: this module runs the cells in the report's order;
 //! each cell (`contended`, `procs`, `pool`, `fair`) builds on the contenders and helpers
-//! beside it (`ceiling`, `queue`, `load`, `thread`, `workers`), and all of them on what
-//! the cells share (`round`: a round's figures and how it is measured; `tasks`: the
-//! contenders' task loop), which in turn uses only the bench's shared modules.
+//! beside it (`ceiling`, `queue`, `load`, `thread`, `workers`: what a worker process of
+//! cells 2 and 4 does), and all of them on what the cells share (`round`: a round's
+//! figures and how it is measured; `tasks`: the contenders' task loop), which in turn
+//! uses only the bench's shared modules (the worker processes themselves:
+//! [`crate::workers`]).
 
 mod ceiling;
 mod contended;
@@ -55,10 +58,10 @@ mod workers;
 
 use std::fmt::Write as _;
 
-use crate::servers::{BenchDb, Server};
+use crate::servers::{BenchDb, LockDb, Server};
 use crate::settings::Settings;
 
-pub use workers::worker_if_asked;
+pub use workers::work;
 
 /// The section's introduction in the report (the same for every server).
 pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
@@ -68,7 +71,8 @@ pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
     in-process mutex (no database: the ceiling of any FIFO handoff) and, on PostgreSQL, \
     dblock on a relaxed (`UNLOGGED`) table beside them, and (1b) the \
     same while two busy loops burn the CPU beside the bench, (2) 2 processes x 4 tasks, \
-    each process with its own Locker and pool, (3) 100 waiters through a pool of 4 while \
+    each process with its own Locker and pool (also on SQLite, the processes sharing one \
+    database file: the section's only cell there), (3) 100 waiters through a pool of 4 while \
     one holder keeps the key, (4) fair mode (`fair(true)`, tickets) against the default, \
     2 processes x 4 tasks as in (2), grants checked against ticket order. *Polling* is \
     the old design reproduced with the public API: `try_acquire`, then sleep the retry \
@@ -83,27 +87,50 @@ pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
 pub async fn section<DB: BenchDb>(settings: &Settings, server: &Server<DB>) -> String {
     let mut out = format!("### {}\n\n", server.label);
     let cells = [
-        "#### 3.1 8 tasks, one Locker\n\n",
-        "#### 3.1b 8 tasks, one Locker, CPU contended\n\n",
-        "#### 3.2 2 processes x 4 tasks\n\n",
-        "#### 3.3 100 waiters through a pool of 4\n\n",
-        "#### 3.4 Fair mode, 2 processes x 4 tasks\n\n",
+        ("3.1", "8 tasks, one Locker"),
+        ("3.1b", "8 tasks, one Locker, CPU contended"),
+        ("3.2", "2 processes x 4 tasks"),
+        ("3.3", "100 waiters through a pool of 4"),
+        ("3.4", "Fair mode, 2 processes x 4 tasks"),
     ];
-    for (i, heading) in cells.into_iter().enumerate() {
-        out.push_str(heading);
-        let cell = match i {
-            0 => contended::cell(settings, server, false).await,
-            1 => contended::cell(settings, server, true).await,
-            2 => procs::cell(settings, server).await,
-            3 => pool::cell(settings, server).await,
+    for (id, heading) in cells {
+        if !settings.runs_cell(id) {
+            continue;
+        }
+        let _ = write!(out, "#### {id} {heading}\n\n");
+        let cell = match id {
+            "3.1" => contended::cell(settings, server, false).await,
+            "3.1b" => contended::cell(settings, server, true).await,
+            "3.2" => procs::cell(settings, server).await,
+            "3.3" => pool::cell(settings, server).await,
             _ => fair::cell(settings, server).await,
         };
-        match cell {
-            Ok(md) => out.push_str(&md),
-            Err(e) => {
-                let _ = writeln!(out, "Not measured: {e}\n");
-            }
-        }
+        push_cell(&mut out, cell);
     }
     out
+}
+
+/// Section 3 on a database file (SQLite): cell 2 alone, its workers sharing the file.
+/// The other cells' contenders (hand-written SQL, the server's own queue, statement
+/// counts read on the server) are written for servers.
+pub async fn file_section<DB: LockDb>(settings: &Settings, server: &Server<DB>) -> String {
+    if !settings.runs_cell("3.2") {
+        return String::new();
+    }
+    let mut out = format!(
+        "### {}\n\nCell 3.2 only, {}.\n\n#### 3.2 2 processes x 4 tasks\n\n",
+        server.label,
+        crate::servers::sqlite::SETUP_TEXT,
+    );
+    push_cell(&mut out, procs::cell(settings, server).await);
+    out
+}
+
+fn push_cell(out: &mut String, cell: Result<String, Box<dyn std::error::Error>>) {
+    match cell {
+        Ok(md) => out.push_str(&md),
+        Err(e) => {
+            let _ = writeln!(out, "Not measured: {e}\n");
+        }
+    }
 }

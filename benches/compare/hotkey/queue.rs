@@ -20,9 +20,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::round::Counts;
-use super::tasks::{Contended, Grant, HOLD, Turn, WAIT};
+use super::tasks::{Contended, HOLD, Turn, WAIT};
 use crate::measure::counting_polls;
 use crate::servers::{BenchDb, QueueSession};
+use crate::workers::Grant;
 
 /// The server-side queue's counters, kept across its rounds.
 #[derive(Default)]

@@ -1,6 +1,6 @@
 //! Section 3's contenders and their task loop, shared by the cells of
-//! [`hotkey`](super) and by the worker processes of
-//! [`workers`](super::workers): dblock's `acquire`, the old design's polling
+//! [`hotkey`](super) and by its worker processes
+//! ([`workers`](super::workers)): dblock's `acquire`, the old design's polling
 //! loop, and the hand-written retry-at-once loop; `contend` runs tasks that take the key,
 //! hold it [`HOLD`] and release it, turn after turn.
 
@@ -13,7 +13,8 @@ use tokio::time::Instant;
 
 use crate::handwritten::HandLock;
 use crate::measure::{counting_polls, in_tasks, new_owner};
-use crate::servers::BenchDb;
+use crate::servers::LockDb;
+use crate::workers::Grant;
 
 /// How long every holder of every cell keeps the key.
 pub const HOLD: Duration = Duration::from_millis(2);
@@ -25,7 +26,7 @@ pub const WAIT: Duration = Duration::from_secs(30);
 /// The old design's waiting acquire: one `try_acquire`, and while the key is taken a
 /// sleep of the retry policy's next jittered exponential delay, then again. No local
 /// queue: every waiter polls the database on its own. Runs until it wins or fails.
-pub async fn poll_acquire<DB: BenchDb>(
+pub async fn poll_acquire<DB: LockDb>(
     locker: &Locker<DB>,
     key: &str,
     lease: Duration,
@@ -40,7 +41,7 @@ pub async fn poll_acquire<DB: BenchDb>(
 }
 
 /// How a contender takes the hot key.
-pub enum Side<DB: BenchDb> {
+pub enum Side<DB: LockDb> {
     Dblock(Locker<DB>),
     /// The old design; a Locker of its own, so its attempts are counted apart.
     Poll(Locker<DB>),
@@ -50,12 +51,12 @@ pub enum Side<DB: BenchDb> {
     },
 }
 
-pub enum Held<DB: BenchDb> {
+pub enum Held<DB: LockDb> {
     Guard(LockGuard<DB>),
     Spin { owner: String, token: i64 },
 }
 
-impl<DB: BenchDb> Held<DB> {
+impl<DB: LockDb> Held<DB> {
     /// The grant's fencing token and, in fair mode, the ticket it waited on.
     fn grant(&self) -> Grant {
         match self {
@@ -71,15 +72,7 @@ impl<DB: BenchDb> Held<DB> {
     }
 }
 
-/// One grant of the key: its fencing token (rising with every grant of a key, so the
-/// grant order across processes) and the fair-mode ticket it waited on, if any.
-#[derive(Clone, Copy, Debug)]
-pub struct Grant {
-    pub token: i64,
-    pub ticket: Option<i64>,
-}
-
-impl<DB: BenchDb> Side<DB> {
+impl<DB: LockDb> Side<DB> {
     pub fn name(&self) -> &'static str {
         match self {
             Side::Dblock(_) => "dblock acquire (local queue)",
@@ -175,7 +168,7 @@ pub struct Contended {
 
 /// Runs `tasks` tasks that loop acquire, hold [`HOLD`], release on `key` until
 /// `deadline`.
-pub async fn contend<DB: BenchDb>(
+pub async fn contend<DB: LockDb>(
     side: &Arc<Side<DB>>,
     key: &str,
     tasks: usize,

@@ -1,5 +1,6 @@
-//! Section 7's contenders: a semaphore permit's cycle, a read of one read-write lock and
-//! the one mutex key, each a [`Contender`] of the interleaved rounds.
+//! Section 7's in-process contenders: a semaphore permit's cycle, a read and a write of
+//! one read-write lock and a mutex on one key, each a [`Contender`] of the interleaved
+//! rounds (cells 7.1 and 7.4).
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use futures::future::BoxFuture;
 use crate::handwritten::LEASE;
 use crate::measure::{BoxError, Contender};
 
-/// How long a reader (or the mutex's holder) keeps what it took.
+/// How long a reader (or the mutex's holder) of cell 7.1 keeps what it took.
 pub const HOLD: Duration = Duration::from_millis(2);
 pub const READERS: usize = 8;
 /// Longest a reader or writer may wait (far above what a round needs).
@@ -38,42 +39,72 @@ impl<DB: Backend> Contender for PermitCycle<DB> {
     }
 }
 
-/// A read of the one read-write lock, held [`HOLD`].
+/// A read of the one read-write lock, held `hold` (zero: released at once).
 pub struct Read<DB: Backend> {
     pub lock: RwLock<DB>,
+    pub hold: Duration,
 }
 
 impl<DB: Backend> Contender for Read<DB> {
     fn name(&self) -> &str {
-        "rw_lock read, 2 ms"
+        "rw_lock read"
     }
 
     fn cycle<'a>(&'a self, _task: usize, _key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
         Box::pin(async move {
             let read = self.lock.read(LEASE, WAIT).await?;
-            tokio::time::sleep(HOLD).await;
+            hold(self.hold).await;
             read.release().await?;
             Ok(true)
         })
     }
 }
 
-/// The one mutex key, held [`HOLD`].
-pub struct Exclusive<DB: Backend> {
-    pub locker: Locker<DB>,
+/// A write of the one read-write lock, released at once.
+pub struct Write<DB: Backend> {
+    pub lock: RwLock<DB>,
 }
 
-impl<DB: Backend> Contender for Exclusive<DB> {
+impl<DB: Backend> Contender for Write<DB> {
     fn name(&self) -> &str {
-        "mutex, 2 ms"
+        "rw_lock write"
     }
 
     fn cycle<'a>(&'a self, _task: usize, _key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
         Box::pin(async move {
-            let guard = self.locker.acquire("bench:hot", LEASE, WAIT).await?;
-            tokio::time::sleep(HOLD).await;
+            let write = self.lock.write(LEASE, WAIT).await?;
+            write.release().await?;
+            Ok(true)
+        })
+    }
+}
+
+/// The mutex on one key that every task takes (a waiting `acquire`), held `hold`.
+pub struct Exclusive<DB: Backend> {
+    pub locker: Locker<DB>,
+    pub key: &'static str,
+    pub hold: Duration,
+}
+
+impl<DB: Backend> Contender for Exclusive<DB> {
+    fn name(&self) -> &str {
+        "mutex on one key"
+    }
+
+    fn cycle<'a>(&'a self, _task: usize, _key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
+        Box::pin(async move {
+            let guard = self.locker.acquire(self.key, LEASE, WAIT).await?;
+            hold(self.hold).await;
             guard.release().await?;
             Ok(true)
         })
+    }
+}
+
+/// Keeps what was taken for `hold`; no timer at all for zero, so that a back-to-back
+/// cycle pays for none.
+async fn hold(hold: Duration) {
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
     }
 }

@@ -3,20 +3,17 @@
 //! interleaved rounds; each adds its rows to the section's table and its target line.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use dblock::{Backend, Locker, RwLock};
 
-use super::contenders::{Exclusive, PermitCycle, READERS, Read};
+use super::contenders::{Exclusive, HOLD, PermitCycle, READERS, Read};
+use super::loads::{errors, p99, ratio_of, rounds, throughput};
 use crate::contenders::Dblock;
-use crate::measure::{Contender, Load, interleaved, median, spread};
+use crate::measure::Contender;
 use crate::report::{Table, count, ms_f, ratio, verdict};
 use crate::settings::Settings;
 
 const TASKS: [usize; 2] = [1, 8];
-const WARM_UP: Duration = Duration::from_millis(200);
-/// Legs per round, run in the round's order and then reversed (see section 1).
-const LEGS: u32 = 10;
 /// Permits of each task's semaphore.
 const PERMITS: u32 = 3;
 
@@ -84,9 +81,14 @@ pub async fn reads<DB: Backend>(
     table: &mut Table,
     verdicts: &mut Vec<String>,
 ) {
-    let read: Arc<dyn Contender> = Arc::new(Read { lock: lock.clone() });
+    let read: Arc<dyn Contender> = Arc::new(Read {
+        lock: lock.clone(),
+        hold: HOLD,
+    });
     let exclusive: Arc<dyn Contender> = Arc::new(Exclusive {
         locker: locker.clone(),
+        key: "bench:hot",
+        hold: HOLD,
     });
     let loads = rounds(settings, "reads holding 2 ms", &[exclusive, read], READERS).await;
     let (m, s) = ratio_of(&loads[1], &loads[0]);
@@ -111,49 +113,4 @@ pub async fn reads<DB: Backend>(
         ratio(m, s),
         verdict(m >= READ_TARGET)
     ));
-}
-
-/// Interleaved rounds of `contenders` with `tasks` tasks each; per contender, its loads.
-async fn rounds(
-    settings: &Settings,
-    what: &str,
-    contenders: &[Arc<dyn Contender>],
-    tasks: usize,
-) -> Vec<Vec<Load>> {
-    let timing = (settings.round, LEGS, WARM_UP);
-    let label = format!("primitives: {what}");
-    interleaved(contenders, tasks, settings.rounds, timing, &label).await
-}
-
-/// Median and spread of the per-round throughput ratios of `a` to `b`.
-fn ratio_of(a: &[Load], b: &[Load]) -> (f64, (f64, f64)) {
-    let per_round: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.per_sec() / y.per_sec())
-        .collect();
-    (median(per_round.iter().copied()), spread(per_round))
-}
-
-fn throughput(loads: &[Load]) -> f64 {
-    median(loads.iter().map(Load::per_sec))
-}
-
-fn p99(loads: &[Load]) -> f64 {
-    median(
-        loads
-            .iter()
-            .map(|l| l.latencies.clone().percentile(99.0).as_secs_f64()),
-    )
-}
-
-fn errors(loads: &[Load]) -> String {
-    let (lost, errors) = loads
-        .iter()
-        .fold((0, 0), |(l, e), r| (l + r.lost, e + r.errors));
-    let first = loads.iter().find_map(|l| l.first_error.as_deref());
-    match first {
-        Some(err) => format!("{lost} / {errors} (`{err}`)"),
-        None => format!("{lost} / {errors}"),
-    }
 }

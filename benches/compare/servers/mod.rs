@@ -1,10 +1,13 @@
 //! Connecting to the servers, and the few per-database statements the bench itself needs
 //! (creating and dropping its tables, filling the reaper's table, reading server counters,
-//! the server-side queue's own locks): what every section shares, as [`BenchDb`], one
-//! file per database (`postgres`, `mysql`) for its statements.
+//! the server-side queue's own locks, the peer's advisory read-write lock): what every
+//! section shares, as [`BenchDb`], one file per database (`postgres`, `mysql`, `sqlite`)
+//! for its statements. SQLite has only [`LockDb`], what the cells with worker processes
+//! need: a lock table and pools of their own on one database file.
 
 pub mod mysql;
 pub mod postgres;
+pub mod sqlite;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,6 +18,7 @@ use futures::future::BoxFuture;
 use sqlx::Pool;
 
 use crate::handwritten::HandLock;
+use crate::measure::Contender;
 
 /// Connections per pool, for dblock and the hand-written baselines alike: one per task of
 /// the 8-task runs, so neither side ever waits for a connection.
@@ -41,7 +45,7 @@ pub struct Server<DB: sqlx::Database> {
     pub url: String,
 }
 
-impl<DB: BenchDb> Server<DB> {
+impl<DB: LockDb> Server<DB> {
     /// A dblock locker on `table`, created fresh (dropped first, in case an interrupted
     /// run left it behind, so every run starts from an empty, unbloated table).
     pub async fn fresh_locker(&self, table: &str) -> Result<Locker<DB>, dblock::Error> {
@@ -73,8 +77,36 @@ pub trait QueueSession: Send {
     fn unlock(&mut self) -> BoxFuture<'_, Result<(), String>>;
 }
 
-/// What the bench needs from each database beyond dblock itself.
-pub trait BenchDb: Backend {
+/// What every cell needs of a database beyond dblock itself: a lock table it can drop
+/// and pools of its own. Enough for the cells whose worker processes each build their
+/// own Locker (3.2, 7.2, 7.3), which is all the bench runs on SQLite.
+pub trait LockDb: Backend {
+    /// Drops a dblock lock table and everything its migration created.
+    fn drop_lock_table(
+        pool: &Pool<Self>,
+        table: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// A pool of its own for one section or worker process (same settings,
+    /// `max_connections` of them), named where the server can show client names, so the
+    /// section can close it and see its sessions gone.
+    fn dedicated_pool(
+        url: &str,
+        max_connections: u32,
+    ) -> impl Future<Output = Result<Pool<Self>, sqlx::Error>> + Send;
+}
+
+/// A reader-writer lock of another library, where the database has one to compare
+/// with (cell 7.4): its read and its write, each taken and given back, as contenders.
+pub struct PeerRwLock {
+    /// Words for the report: what the peer is and what it sends.
+    pub text: &'static str,
+    pub read: Arc<dyn Contender>,
+    pub write: Arc<dyn Contender>,
+}
+
+/// What the bench needs from each server beyond dblock itself.
+pub trait BenchDb: LockDb {
     /// Statements one renewal batch sends (per chunk of up to 10,000 leases): PostgreSQL's
     /// one `UPDATE .. RETURNING`, MySQL's `UPDATE` and its read-back.
     const STATEMENTS_PER_BATCH: u32;
@@ -87,12 +119,6 @@ pub trait BenchDb: Backend {
     /// Whether [`updates_seen`](Self::updates_seen) is current (MariaDB's status
     /// counters) or lags until sessions report (PostgreSQL's statistics).
     const UPDATES_ARE_CURRENT: bool;
-
-    /// Drops a dblock lock table and everything its migration created.
-    fn drop_lock_table(
-        pool: &Pool<Self>,
-        table: &str,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// The same statements dblock sends, hand-written, on `table`.
     fn hand(pool: &Pool<Self>, table: &str) -> Arc<dyn HandLock>;
@@ -131,14 +157,6 @@ pub trait BenchDb: Backend {
 
     /// Deadlocks the server has counted so far, where that is cheap and current.
     fn deadlocks(pool: &Pool<Self>) -> impl Future<Output = Option<u64>> + Send;
-
-    /// A pool of its own for one section (same settings, `max_connections` of them),
-    /// named where the server can show client names, so the section can close it and see
-    /// its sessions gone.
-    fn dedicated_pool(
-        url: &str,
-        max_connections: u32,
-    ) -> impl Future<Output = Result<Pool<Self>, sqlx::Error>> + Send;
 
     /// The server's own count of rows updated, for cross-checking renewals, and what it
     /// covers.
@@ -191,6 +209,12 @@ pub trait BenchDb: Backend {
         key: &str,
         wait: Duration,
     ) -> impl Future<Output = Result<Box<dyn QueueSession>, sqlx::Error>> + Send;
+
+    /// The peer reader-writer lock of cell 7.4 on `pool`, where there is one (PostgreSQL);
+    /// `None` elsewhere.
+    fn peer_rw_lock(_pool: &Pool<Self>) -> Option<PeerRwLock> {
+        None
+    }
 }
 
 /// The client name of the sessions of a dedicated pool.

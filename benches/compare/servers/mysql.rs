@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{AssertSqlSafe, Connection as _, MySql, MySqlConnection, MySqlPool};
 
-use super::{BenchDb, QueueSession, Server, Statement, pool_settings};
+use super::{BenchDb, LockDb, QueueSession, Server, Statement, pool_settings};
 use crate::handwritten::floor::Floor;
 use crate::handwritten::seeds::MySeed;
 use crate::handwritten::{HandLock, MyHand};
@@ -49,6 +49,27 @@ async fn run(pool: &MySqlPool, sql: String) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
+impl LockDb for MySql {
+    async fn drop_lock_table(pool: &MySqlPool, table: &str) -> Result<(), sqlx::Error> {
+        // The fencing and ticket-order triggers go with their tables.
+        run(
+            pool,
+            format!(
+                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket"
+            ),
+        )
+        .await
+    }
+
+    async fn dedicated_pool(url: &str, max_connections: u32) -> Result<MySqlPool, sqlx::Error> {
+        let options: MySqlConnectOptions = url.parse()?;
+        pool_settings::<MySql>()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await
+    }
+}
+
 impl BenchDb for MySql {
     const UPDATES_ARE_CURRENT: bool = true;
     const STATEMENTS_PER_BATCH: u32 = 2;
@@ -79,17 +100,6 @@ impl BenchDb for MySql {
                 let _ = sqlx::query("SELECT 1").execute(&pool).await;
             })
         })
-    }
-
-    async fn drop_lock_table(pool: &MySqlPool, table: &str) -> Result<(), sqlx::Error> {
-        // The fencing and ticket-order triggers go with their tables.
-        run(
-            pool,
-            format!(
-                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket"
-            ),
-        )
-        .await
     }
 
     fn hand(pool: &MySqlPool, table: &str) -> Arc<dyn HandLock> {
@@ -135,14 +145,6 @@ impl BenchDb for MySql {
 
     async fn deadlocks(pool: &MySqlPool) -> Option<u64> {
         global_status(pool, "Innodb_deadlocks").await.ok()
-    }
-
-    async fn dedicated_pool(url: &str, max_connections: u32) -> Result<MySqlPool, sqlx::Error> {
-        let options: MySqlConnectOptions = url.parse()?;
-        pool_settings::<MySql>()
-            .max_connections(max_connections)
-            .connect_with(options)
-            .await
     }
 
     async fn updates_seen(admin: &MySqlPool, _table: &str) -> Result<u64, sqlx::Error> {

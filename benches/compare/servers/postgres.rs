@@ -9,10 +9,13 @@ use futures::future::BoxFuture;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection as _, PgConnection, PgPool, Postgres};
 
-use super::{BenchDb, DEDICATED_APP, QueueSession, Server, Statement, pool_settings};
+use super::{
+    BenchDb, DEDICATED_APP, LockDb, PeerRwLock, QueueSession, Server, Statement, pool_settings,
+};
 use crate::handwritten::floor::Floor;
 use crate::handwritten::seeds::PgSeed;
 use crate::handwritten::{HandLock, PgHand};
+use crate::measure::{BoxError, Contender};
 
 /// Connects to the PostgreSQL server at `url`.
 pub async fn connect(url: &str) -> Result<Server<Postgres>, sqlx::Error> {
@@ -35,6 +38,28 @@ pub async fn connect(url: &str) -> Result<Server<Postgres>, sqlx::Error> {
 async fn run(pool: &PgPool, sql: String) -> Result<(), sqlx::Error> {
     sqlx::raw_sql(AssertSqlSafe(sql)).execute(pool).await?;
     Ok(())
+}
+
+impl LockDb for Postgres {
+    async fn drop_lock_table(pool: &PgPool, table: &str) -> Result<(), sqlx::Error> {
+        run(
+            pool,
+            format!(
+                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket, {table}_epoch; \
+                 DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq; \
+                 DROP FUNCTION IF EXISTS {table}_new_epoch()"
+            ),
+        )
+        .await
+    }
+
+    async fn dedicated_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+        let options: PgConnectOptions = url.parse()?;
+        pool_settings::<Postgres>()
+            .max_connections(max_connections)
+            .connect_with(options.application_name(DEDICATED_APP))
+            .await
+    }
 }
 
 impl BenchDb for Postgres {
@@ -60,18 +85,6 @@ impl BenchDb for Postgres {
                 let _ = sqlx::query("SELECT 1").execute(&pool).await;
             })
         })
-    }
-
-    async fn drop_lock_table(pool: &PgPool, table: &str) -> Result<(), sqlx::Error> {
-        run(
-            pool,
-            format!(
-                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket, {table}_epoch; \
-                 DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq; \
-                 DROP FUNCTION IF EXISTS {table}_new_epoch()"
-            ),
-        )
-        .await
     }
 
     fn hand(pool: &PgPool, table: &str) -> Arc<dyn HandLock> {
@@ -125,14 +138,6 @@ impl BenchDb for Postgres {
         None
     }
 
-    async fn dedicated_pool(url: &str, max_connections: u32) -> Result<PgPool, sqlx::Error> {
-        let options: PgConnectOptions = url.parse()?;
-        pool_settings::<Postgres>()
-            .max_connections(max_connections)
-            .connect_with(options.application_name(DEDICATED_APP))
-            .await
-    }
-
     async fn updates_seen(admin: &PgPool, table: &str) -> Result<u64, sqlx::Error> {
         // Exact and per table, but each session reports its counts when it goes idle for
         // a while or exits: read it after the sessions that did the updates have ended.
@@ -160,6 +165,21 @@ impl BenchDb for Postgres {
     ) -> Result<Box<dyn QueueSession>, sqlx::Error> {
         // `pg_advisory_lock` takes no timeout: a round's end cuts it off.
         session(url, key).await
+    }
+
+    fn peer_rw_lock(pool: &PgPool) -> Option<PeerRwLock> {
+        let side = |shared| {
+            Arc::new(AdvisoryRwLock {
+                pool: pool.clone(),
+                key: advisory_key("bench-rw-peer"),
+                shared,
+            }) as Arc<dyn Contender>
+        };
+        Some(PeerRwLock {
+            text: PEER_TEXT,
+            read: side(true),
+            write: side(false),
+        })
     }
 
     async fn statements_seen(admin: &PgPool) -> Result<u64, sqlx::Error> {
@@ -233,13 +253,71 @@ impl QueueSession for PgSession {
     }
 }
 
-/// Opens a PostgreSQL session for `key` (hashed to the advisory lock's 64-bit key: the
-/// same in every session of this process).
+/// Opens a PostgreSQL session for `key`.
 async fn session(url: &str, key: &str) -> Result<Box<dyn QueueSession>, sqlx::Error> {
-    let mut hasher = std::hash::DefaultHasher::new();
-    key.hash(&mut hasher);
     Ok(Box::new(PgSession {
         conn: PgConnection::connect(url).await?,
-        key: i64::from_ne_bytes(hasher.finish().to_ne_bytes()),
+        key: advisory_key(key),
     }))
+}
+
+/// `key` hashed to an advisory lock's 64-bit key (the same in every session of this
+/// process).
+fn advisory_key(key: &str) -> i64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    key.hash(&mut hasher);
+    i64::from_ne_bytes(hasher.finish().to_ne_bytes())
+}
+
+const PEER_TEXT: &str = "the Rust `distributed-lock` crate's PostgreSQL reader-writer \
+    lock, as its design is described (session advisory locks on a pooled connection that \
+    the lock keeps for as long as it is held): a read is `SELECT \
+    pg_advisory_lock_shared($1)` then `SELECT pg_advisory_unlock_shared($1)`, a write \
+    `pg_advisory_lock` / `pg_advisory_unlock`, on one connection checked out of the pool \
+    for the cycle. The crate is not available offline: these are its statements written \
+    by hand with sqlx, not the crate (no timeout, keepalive or lost-lock watch of its own, \
+    which would only add to its side). A version of it seen in a public repository \
+    waits with `pg_try_advisory_lock*` and a sleep (50 ms doubling to 1 s) instead; the \
+    blocking form, queued in the server, is the stronger peer for writers that contend";
+
+/// A read or a write of the peer reader-writer lock ([`PEER_TEXT`]).
+struct AdvisoryRwLock {
+    pool: PgPool,
+    key: i64,
+    shared: bool,
+}
+
+impl Contender for AdvisoryRwLock {
+    fn name(&self) -> &str {
+        if self.shared {
+            "peer read: pg_advisory_lock_shared + unlock"
+        } else {
+            "peer write: pg_advisory_lock + unlock"
+        }
+    }
+
+    fn cycle<'a>(&'a self, _task: usize, _key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
+        Box::pin(async move {
+            let (lock, unlock) = if self.shared {
+                (
+                    "SELECT pg_advisory_lock_shared($1)",
+                    "SELECT pg_advisory_unlock_shared($1)",
+                )
+            } else {
+                (
+                    "SELECT pg_advisory_lock($1)",
+                    "SELECT pg_advisory_unlock($1)",
+                )
+            };
+            // The lock keeps its connection until it is released: a session lock lives
+            // in the session that took it.
+            let mut conn = self.pool.acquire().await?;
+            sqlx::query(lock).bind(self.key).execute(&mut *conn).await?;
+            let released: bool = sqlx::query_scalar(unlock)
+                .bind(self.key)
+                .fetch_one(&mut *conn)
+                .await?;
+            Ok(released)
+        })
+    }
 }
