@@ -91,6 +91,9 @@ pub struct Schedule<DB: Backend> {
     name: String,
     period: Duration,
     offset: Duration,
+    /// Run a period only if woken within this long after its start (`None`: any time
+    /// in the period, catching up).
+    start_within: Option<Duration>,
     state: Arc<State>,
 }
 
@@ -101,6 +104,7 @@ impl<DB: Backend> Clone for Schedule<DB> {
             name: self.name.clone(),
             period: self.period,
             offset: self.offset,
+            start_within: self.start_within,
             state: Arc::clone(&self.state),
         }
     }
@@ -215,6 +219,9 @@ pub enum Turn<T> {
     Late,
     /// This schedule (or a clone) had already handled this period: the node woke early.
     AlreadyHandled,
+    /// The period had started longer ago than [`Schedule::start_within`] allows (by the
+    /// database clock), so this node did not run it (nor take its row): counted as missed.
+    StartMissed,
 }
 
 impl<DB: Backend> Locker<DB> {
@@ -227,6 +234,7 @@ impl<DB: Backend> Locker<DB> {
             name: name.to_owned(),
             period,
             offset: Duration::ZERO,
+            start_within: None,
             state: Arc::default(),
         }
     }
@@ -238,6 +246,35 @@ impl<DB: Backend> Schedule<DB> {
     /// than the period. Default: zero.
     pub fn offset(mut self, offset: Duration) -> Self {
         self.offset = offset;
+        self
+    }
+
+    /// Runs a period only if a node wakes within `window` after its start (database
+    /// clock), and skips it otherwise ([`Turn::StartMissed`], counted as missed): no
+    /// catch-up. For work that is only worth doing on time, such as an hourly report
+    /// after every node was restarted mid-hour. `window` is between 1 ms and the period.
+    ///
+    /// Default: the whole period. A node that wakes late in a period nobody ran yet runs
+    /// it late, as a [`run`](Self::run) loop does at its start; so a service started a
+    /// moment before a period's end runs that period, then the next one at its start.
+    ///
+    /// # Example
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # let locker = dblock::Locker::new(pool);
+    /// # locker.migrate().await?;
+    /// // The hourly report runs in the first five minutes of its hour, or not at all.
+    /// let hourly = locker
+    ///     .schedule("report:hourly", Duration::from_secs(3600))
+    ///     .start_within(Duration::from_secs(300));
+    /// # let _ = hourly;
+    /// # Ok(()) }
+    /// ```
+    pub fn start_within(mut self, window: Duration) -> Self {
+        self.start_within = Some(window);
         self
     }
 
@@ -281,6 +318,7 @@ impl<DB: Backend> Schedule<DB> {
             Turn::Skipped => Turn::Skipped,
             Turn::Late => Turn::Late,
             Turn::AlreadyHandled => Turn::AlreadyHandled,
+            Turn::StartMissed => Turn::StartMissed,
         };
         Ok(Tick {
             period: tick.period,
@@ -313,6 +351,10 @@ impl<DB: Backend> Schedule<DB> {
         if !self.claim(number) {
             return Ok(tick(Turn::AlreadyHandled));
         }
+        if self.started_too_long_ago(number, now) {
+            self.state.missed.fetch_add(1, Relaxed);
+            return Ok(tick(Turn::StartMissed));
+        }
         let metrics = &self.locker.core.metrics;
         let guard = match self
             .locker
@@ -341,6 +383,15 @@ impl<DB: Backend> Schedule<DB> {
                 tracing::debug!(key = %self.key(number), error = %err, "release after a late acquisition");
             }
             return Ok(tick(Turn::Late));
+        }
+        if self.started_too_long_ago(number, acquired_at) {
+            // The acquisition itself arrived past the window (a slow statement): let the
+            // row go at once, as if never taken; another node would be as late.
+            self.state.missed.fetch_add(1, Relaxed);
+            if let Err(err) = guard.release().await {
+                tracing::debug!(key = %self.key(number), error = %err, "release after a start missed");
+            }
+            return Ok(tick(Turn::StartMissed));
         }
         // Kept half a period past the end, so that a node whose acquisition of this row
         // arrives around the end finds it held or sees it is late; never past the lease.
@@ -379,6 +430,12 @@ impl<DB: Backend> Schedule<DB> {
         true
     }
 
+    /// Whether `at` (database clock) is past period `number`'s start window, if it has one.
+    fn started_too_long_ago(&self, number: i64, at: DateTime<Utc>) -> bool {
+        self.start_within
+            .is_some_and(|window| at - self.start_of(number) > chrono_duration(window))
+    }
+
     fn validate(&self) -> Result<()> {
         // The name alone must be a key too (not empty), and with its suffix not too long.
         validate_key(&self.name)?;
@@ -389,7 +446,16 @@ impl<DB: Backend> Schedule<DB> {
             self.offset,
             Duration::ZERO,
             self.period.saturating_sub(Duration::from_micros(1)),
-        )
+        )?;
+        match self.start_within {
+            Some(window) => validate_range(
+                "start_within",
+                window,
+                Duration::from_millis(1),
+                self.period,
+            ),
+            None => Ok(()),
+        }
     }
 
     /// The row of period `number`: one per parity (see the module docs).

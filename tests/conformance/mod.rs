@@ -159,6 +159,7 @@ macro_rules! conformance_suite {
             every_guard_knows_locally_that_its_lease_ended,
             a_multi_guard_asserts_all_its_keys_in_its_transaction,
             a_primitive_timeout_names_its_row_and_this_process,
+            a_schedule_can_skip_a_period_whose_start_it_missed,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

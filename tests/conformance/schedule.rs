@@ -189,3 +189,63 @@ pub async fn schedule_counts_overruns_and_missed_periods<DB: TestBackend>() {
     );
     assert_eq!(db.locker.stats().attempts, attempts, "nothing sent");
 }
+
+/// `start_within`: a node that wakes well after its period's start skips it
+/// (`StartMissed`, counted as missed, nothing taken) while a schedule without the window
+/// catches up and runs it; one that wakes early in its period runs it. The periods are
+/// placed with `offset` from the wall clock, which is the database's here (the test
+/// servers run on this machine), seconds away from every boundary.
+pub async fn a_schedule_can_skip_a_period_whose_start_it_missed<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    const LONG_PERIOD: Duration = Duration::from_secs(20);
+    // The offset that makes the current period start `ago` before now.
+    let started = |ago: Duration| {
+        let now = chrono::Utc::now().timestamp_micros() - ago.as_micros() as i64;
+        Duration::from_micros(now.rem_euclid(LONG_PERIOD.as_micros() as i64) as u64)
+    };
+    let late = started(Duration::from_secs(10));
+    let strict = db
+        .locker
+        .schedule("report-strict", LONG_PERIOD)
+        .offset(late)
+        .start_within(Duration::from_secs(2));
+    let tick = strict.run_once(async |_| Ok::<_, Error>(())).await.unwrap();
+    assert!(matches!(tick.turn, Turn::StartMissed), "{:?}", tick.turn);
+    assert_eq!((strict.stats().runs, strict.stats().missed), (0, 1));
+    assert!(db.locker.holder("report-strict@0").await.unwrap().is_none());
+    assert!(db.locker.holder("report-strict@1").await.unwrap().is_none());
+
+    let catching_up = db
+        .locker
+        .schedule("report-default", LONG_PERIOD)
+        .offset(late);
+    let tick = catching_up
+        .run_once(async |_| Ok::<_, Error>(()))
+        .await
+        .unwrap();
+    assert!(matches!(tick.turn, Turn::Ran { .. }), "{:?}", tick.turn);
+
+    let on_time = db
+        .locker
+        .schedule("report-on-time", LONG_PERIOD)
+        .offset(started(Duration::from_millis(500)))
+        .start_within(Duration::from_secs(8));
+    let tick = on_time
+        .run_once(async |_| Ok::<_, Error>(()))
+        .await
+        .unwrap();
+    assert!(matches!(tick.turn, Turn::Ran { .. }), "{:?}", tick.turn);
+
+    // A window longer than the period is refused before anything is written.
+    let wide = db
+        .locker
+        .schedule("report-wide", LONG_PERIOD)
+        .start_within(LONG_PERIOD * 2);
+    let refused = wide.run_once(async |_| Ok::<_, Error>(())).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidDuration { .. })),
+        "{refused:?}"
+    );
+}
