@@ -238,6 +238,11 @@ impl<DB: Backend> Locker<DB> {
 }
 
 impl<DB: Backend> Election<DB> {
+    /// The Locker it campaigns through.
+    pub(crate) fn locker(&self) -> &Locker<DB> {
+        &self.locker
+    }
+
     /// The election's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -535,7 +540,7 @@ impl Drop for LeaderWatch {
 }
 
 /// Rejects an identity that is empty, over [`MAX_IDENTITY_BYTES`] or has a NUL byte.
-fn validate_identity(identity: &str) -> Result<()> {
+pub(crate) fn validate_identity(identity: &str) -> Result<()> {
     if identity.is_empty() || identity.len() > MAX_IDENTITY_BYTES || identity.contains('\0') {
         return Err(Error::InvalidConfig(format!(
             "candidate identity {:?} ({} bytes) must be 1 to {MAX_IDENTITY_BYTES} bytes without NUL",

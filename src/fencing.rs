@@ -5,7 +5,7 @@
 use sqlx::Transaction;
 
 use crate::dialect::Backend;
-use crate::error::{Error, Result};
+use crate::error::{Error, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::multi::MultiGuard;
 use crate::retry::by_deadline;
@@ -249,7 +249,7 @@ impl<DB: Backend> MultiGuard<DB> {
 
     /// The first key (in key order) whose lease is lost, and why; `None` while all are
     /// held.
-    pub fn lost_reason(&self) -> Option<(String, crate::LostReason)> {
+    pub fn lost_reason(&self) -> Option<(String, LostReason)> {
         self.guards()
             .iter()
             .find_map(|guard| Some((guard.key().to_owned(), guard.lost_reason()?)))

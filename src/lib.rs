@@ -15,6 +15,7 @@ compile_error!(
 // API: what users call.
 mod admin;
 mod any;
+mod campaign;
 mod election;
 mod fencing;
 mod guard;
@@ -69,6 +70,7 @@ pub use config::{
     MIN_LEASE, RetryPolicy,
 };
 // The bounds on every call (README, "Connections"), on a line of their own.
+pub use campaign::{CampaignHandle, CampaignStats, WorkError};
 pub use config::{
     DEFAULT_STATEMENT_TIMEOUT, MAX_STATEMENT_TIMEOUT, MIGRATION_TIMEOUT, MIN_STATEMENT_TIMEOUT,
     WAIT_SLACK,

@@ -19,6 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "lib",
             "admin",
             "any",
+            "campaign",
             "election",
             "fencing",
             "guard",

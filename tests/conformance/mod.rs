@@ -5,6 +5,7 @@ mod admin;
 mod adversary;
 mod any;
 mod bounds;
+mod campaign;
 mod engine;
 mod fair;
 mod fencing;
@@ -34,6 +35,7 @@ pub use admin::*;
 pub use adversary::*;
 pub use any::*;
 pub use bounds::*;
+pub use campaign::*;
 pub use engine::*;
 pub use fair::*;
 pub use fencing::*;
@@ -160,6 +162,8 @@ macro_rules! conformance_suite {
             a_multi_guard_asserts_all_its_keys_in_its_transaction,
             a_primitive_timeout_names_its_row_and_this_process,
             a_schedule_can_skip_a_period_whose_start_it_missed,
+            a_spawned_candidate_keeps_leading_through_errors_and_losses,
+            a_spawned_candidate_refuses_bad_input,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
