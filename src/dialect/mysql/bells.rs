@@ -115,13 +115,15 @@ async fn driven<T>(
     let Some(running) = driver.as_mut() else {
         return Err(sqlx::Error::PoolClosed);
     };
+    // The driver first: once it ended, what it sent before is stale (its loop wakes
+    // every waiter after an error anyway).
     tokio::select! {
         biased;
-        done = until => Ok(done),
         err = running => {
             *driver = None;
             Err(err)
         }
+        done = until => Ok(done),
     }
 }
 
@@ -140,9 +142,11 @@ impl Releases for Bells {
         &mut self,
     ) -> Pin<Box<dyn Future<Output = Result<Option<Released>, sqlx::Error>> + Send + '_>> {
         Box::pin(async move {
-            // The sender lives in the driver: `None` only once it ended, reported above.
+            // The sender lives in the driver: `None` only once it ended, whose error the
+            // driver's branch answers first (`Ok(None)` would say "reconnected").
             let queue = driven(&mut self.driver, self.heard.recv()).await?;
-            Ok(queue.map(|key| Released {
+            let key = queue.ok_or(sqlx::Error::PoolClosed)?;
+            Ok(Some(Released {
                 key,
                 fencing_token: NO_TOKEN,
             }))
