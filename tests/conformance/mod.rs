@@ -4,6 +4,7 @@
 mod admin;
 mod adversary;
 mod any;
+mod bells;
 mod bounds;
 mod engine;
 mod fair;
@@ -31,6 +32,7 @@ use std::time::Duration;
 pub use admin::*;
 pub use adversary::*;
 pub use any::*;
+pub use bells::*;
 pub use bounds::*;
 pub use engine::*;
 pub use fair::*;
@@ -149,6 +151,10 @@ macro_rules! conformance_suite {
             an_answer_after_the_deadline_makes_no_guard,
             one_stuck_fenced_transaction_costs_one_lease,
             a_hammered_key_stays_renewed,
+            a_bell_wakes_a_waiter_of_another_process,
+            hot_key_is_shared_between_processes,
+            semaphore_permits_are_shared_between_processes,
+            a_waiter_whose_listener_is_cut_off_still_gets_the_key,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
