@@ -33,7 +33,9 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use super::{BellSql, registered_key};
 use crate::config::GROUP_MARK;
-use crate::dialect::{ListenerOptions, Released, Releases, Waiting, audited};
+use crate::dialect::{
+    Contention, ErrorCodes, ListenerOptions, Released, Releases, Waiting, audited,
+};
 
 /// Most sessions one listener keeps blocked on bells at once (beside its registry): a
 /// Locker waits on at most this many belled rows (a semaphore's permits, several hot
@@ -52,7 +54,7 @@ const ROUND_LIMIT: Duration = Duration::from_secs(10);
 const LOOK_FIRST: Duration = Duration::from_millis(1);
 const LOOKS_AT_FIRST: u32 = 8;
 const LOOK_MAX: Duration = Duration::from_millis(500);
-/// After a blocked session could not be opened, no other is tried for this long.
+/// After a blocking session failed (to open, or to block), none blocks for this long.
 const OPEN_PAUSE: Duration = Duration::from_secs(1);
 /// A bell carries no fencing token: a heard release is never taken for one of the
 /// Locker's own NOTIFYs.
@@ -410,10 +412,12 @@ impl Driver {
         if self.blocked.len() >= MAX_BLOCKED {
             return false;
         }
-        let spare = self.spare.pop();
-        if spare.is_none() && self.open_after.is_some_and(|at| now < at) {
+        // A session that failed (to open, or to block) pauses the blocking for a while:
+        // its waiters poll meanwhile, rather than being woken at every failure.
+        if self.open_after.is_some_and(|at| now < at) {
             return false;
         }
+        let spare = self.spare.pop();
         let (sql, options, key) = (Arc::clone(&self.sql), self.options.clone(), row.to_owned());
         let outcome = Box::pin(async move {
             let (mut conn, session) = match spare {
@@ -438,15 +442,14 @@ impl Driver {
     /// A blocked statement on `row`'s bell ended.
     fn unblocked(&mut self, row: String, spare: Option<Spare>, rang: Result<Rang, sqlx::Error>) {
         let now = Instant::now();
-        match spare {
-            Some((conn, session)) => {
-                self.sessions.insert(session);
-                if !self.queues.is_empty() {
-                    self.spare.push((conn, session));
-                }
+        if let Some((conn, session)) = spare {
+            self.sessions.insert(session);
+            if !self.queues.is_empty() {
+                self.spare.push((conn, session));
             }
-            None if rang.is_err() => self.open_after = Some(now + OPEN_PAUSE),
-            None => {}
+        }
+        if rang.is_err() {
+            self.open_after = Some(now + OPEN_PAUSE);
         }
         let rang = match rang {
             Ok(rang) => rang,
@@ -523,13 +526,18 @@ async fn wait_for_bell(
     sql: &BellSql,
     row: &str,
 ) -> Result<Rang, sqlx::Error> {
-    let rang: Option<i64> = sqlx::query_scalar(audited(&sql.block))
+    let rang: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(audited(&sql.block))
         .bind(row)
         .bind(row)
         .bind(BLOCK_SECS)
         .bind(row)
         .fetch_one(conn)
-        .await?;
+        .await;
+    let rang = match rang {
+        // A server-wide `max_statement_time` shorter than the wait cut it: not rung.
+        Err(err) if MySql::contention(&err) == Contention::LostRace => return Ok(Rang::NotYet),
+        rang => rang?,
+    };
     Ok(match rang {
         Some(0 | 1) => Rang::Yes,
         _ => Rang::NotYet,
