@@ -10,6 +10,11 @@
 //! from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
 //! in the OK packet: one statement, and the database's own arithmetic.
+//!
+//! There are no notifications here; waiters of other processes are woken by *bells*,
+//! named locks (see "Bells" below, and the listener in `mysql/bells.rs`): the acquisition
+//! reads, with the row, whether another process registered as waiting, and only then is
+//! anything more sent (the bell's two statements, on the lease engine's connection).
 
 use std::collections::HashSet;
 
@@ -357,7 +362,9 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
  ORDER BY t.lock_key
  LIMIT ?";
 
-// No notifications here: waiters learn of it when their pause ends.
+// No bell is dropped here (it belongs to the holder's session, which learns of the loss
+// at its next renewal): waiters that hear the row see it gone within a second (their
+// blocked statement's bound), the others when their pause ends.
 const FORCE_RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?";
 
 // A job's minimum hold: the row stays until `acquired_at + ?`, by the database clock that
@@ -371,7 +378,8 @@ UPDATE {table}
 
 const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expire_time LIMIT ?";
 
-// No notifications here: a waiter only learns how long the holder's lease has left.
+// No mark on the row here (a waiter registers through its listener's wait names): a
+// waiter only learns how long the holder's lease has left.
 const NOTE_WAITER: &str = "\
 SELECT GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), expire_time)) FROM {table}
  WHERE lock_key = ?";
