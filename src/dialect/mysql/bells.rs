@@ -98,6 +98,7 @@ impl Bells {
             spare: Vec::new(),
             sessions: HashSet::from([session]),
             open_after: None,
+            register_at: None,
         };
         Bells {
             driver: Some(Box::pin(driver.run())),
@@ -168,9 +169,11 @@ impl Releases for Bells {
 
 /// One queue the Locker's waiters wait in.
 struct Watch {
-    /// Its live rows the last look found (with when each lease ends), when all are
-    /// belled and blocked on.
-    heard: Vec<(String, Instant)>,
+    /// Its live rows the last look found belled and blocked on, with when each lease
+    /// ends: the release of any of them wakes the queue's head.
+    rows: Vec<(String, Instant)>,
+    /// Whether those are all its live rows: the queue is heard, its waiters sleep long.
+    heard: bool,
     /// When to look at it next; `None` while it is heard (a bell, or a blocked
     /// statement's end, says when).
     look_at: Option<Instant>,
@@ -181,7 +184,8 @@ struct Watch {
 impl Watch {
     fn new(now: Instant) -> Self {
         Watch {
-            heard: Vec::new(),
+            rows: Vec::new(),
+            heard: false,
             look_at: Some(now),
             unheard: 0,
         }
@@ -247,6 +251,8 @@ struct Driver {
     sessions: HashSet<u64>,
     /// After a failure to open a blocking session, when to try again.
     open_after: Option<Instant>,
+    /// When to try again registrations that found both wait names taken.
+    register_at: Option<Instant>,
 }
 
 impl Driver {
@@ -258,6 +264,10 @@ impl Driver {
         let mut sync = true;
         loop {
             if round.is_none() {
+                if self.register_at.is_some_and(|at| at <= Instant::now()) {
+                    self.register_at = None;
+                    sync = true;
+                }
                 let plan = self.plan(std::mem::take(&mut sync));
                 let ping = !pings.is_empty();
                 if ping || !plan.is_empty() {
@@ -268,7 +278,10 @@ impl Driver {
             }
             let next_look = round
                 .is_none()
-                .then(|| self.queues.values().filter_map(|w| w.look_at).min())
+                .then(|| {
+                    let looks = self.queues.values().filter_map(|w| w.look_at);
+                    looks.chain(self.register_at).min()
+                })
                 .flatten();
             tokio::select! {
                 (at, (spare, rang)) = first_done(&mut self.blocked), if !self.blocked.is_empty() => {
@@ -330,14 +343,13 @@ impl Driver {
     /// What a round found: registrations, and each looked-at queue's rows.
     fn apply(&mut self, round: Round) {
         let now = Instant::now();
-        let mut retry = false;
         for (key, held) in round.registered {
             if held {
                 self.registered.insert(key);
             } else {
-                // Two other processes hold the names: their holders' releases ring for
-                // everyone anyway. Tried again at the next look.
-                retry = true;
+                // Two other processes hold the names: any holder sees them, and rings
+                // for everyone. Tried again: one of them may leave.
+                self.register_at.get_or_insert(now + LOOK_MAX);
             }
         }
         self.registered.retain(|key| {
@@ -348,11 +360,6 @@ impl Driver {
         for (queue, rows) in round.found {
             self.watch(&queue, rows, now);
         }
-        if retry {
-            for watch in self.queues.values_mut() {
-                watch.look_at.get_or_insert(now + LOOK_MAX);
-            }
-        }
     }
 
     /// Blocks on the belled rows of `queue` (as many as there are sessions for), and
@@ -361,8 +368,8 @@ impl Driver {
         let Some(watch) = self.queues.get(queue) else {
             return; // nobody waits there any more
         };
-        let was_heard = !watch.heard.is_empty();
-        let mut heard = Vec::new();
+        let was_heard = watch.heard;
+        let mut watched = Vec::new();
         let mut all = !rows.is_empty();
         for (key, bell, left) in rows {
             // Keys are written as UTF-8 by dblock; a plain-SQL client's stray bytes are
@@ -373,33 +380,35 @@ impl Driver {
                 .and_then(|id| u64::try_from(id).ok())
                 .is_some_and(|id| !self.sessions.contains(&id));
             if belled && self.block(&key, now) {
-                heard.push((key, ends));
+                watched.push((key, ends));
             } else {
                 all = false;
             }
         }
-        if !all {
-            heard.clear();
-        }
         let watch = self.queues.get_mut(queue).expect("looked up above");
-        let keys: Vec<String> = heard.iter().map(|(key, _)| key.clone()).collect();
-        if heard.is_empty() {
+        let keys: Vec<String> = watched.iter().map(|(key, _)| key.clone()).collect();
+        let changed = watch.heard != all
+            || watch.rows.len() != watched.len()
+            || watch.rows.iter().zip(&watched).any(|(a, b)| a.0 != b.0);
+        watch.heard = all;
+        watch.rows = watched;
+        if all {
+            watch.look_at = None;
+            watch.unheard = 0;
+        } else {
+            // Its waiters poll; the next holder of a free or unbelled row may take its
+            // bell at any moment.
             let doubled = watch.unheard.saturating_sub(LOOKS_AT_FIRST).min(10);
             watch.look_at = Some(now + (LOOK_FIRST * 2u32.pow(doubled)).min(LOOK_MAX));
             watch.unheard += 1;
-        } else {
-            watch.look_at = None;
-            watch.unheard = 0;
         }
-        let changed = watch.heard.len() != heard.len()
-            || watch.heard.iter().zip(&heard).any(|(a, b)| a.0 != b.0);
-        watch.heard = heard;
         if changed {
-            self.waiting.hearing(queue, &keys);
+            self.waiting.hearing(queue, if all { &keys } else { &[] });
         }
-        if was_heard && keys.is_empty() {
+        if was_heard && !all {
             // Heard until now, and no bell rang: the rows ended unrung (a force release,
-            // a bell that could not be dropped). The waiters try now.
+            // a bell that could not be dropped), or one more came. The waiters, asleep
+            // on the bells, try now and keep their own pace from then on.
             self.heard.send(queue.to_owned()).ok();
         }
     }
@@ -459,7 +468,7 @@ impl Driver {
             }
         };
         for (queue, watch) in &mut self.queues {
-            let Some(&(_, ends)) = watch.heard.iter().find(|(key, _)| *key == row) else {
+            let Some(at) = watch.rows.iter().position(|(key, _)| *key == row) else {
                 continue;
             };
             watch.look_at = Some(now);
@@ -467,9 +476,12 @@ impl Driver {
             // Rung, or the row's lease has ended meanwhile (a holder that stopped
             // answering keeps its bell): the head tries now. Otherwise the look that
             // follows blocks on the bell again.
+            let (_, ends) = watch.rows[at];
             if rang == Rang::Yes || ends <= now {
-                watch.heard.clear();
-                self.waiting.hearing(queue, &[]);
+                watch.rows.swap_remove(at);
+                if std::mem::take(&mut watch.heard) {
+                    self.waiting.hearing(queue, &[]);
+                }
                 self.heard.send(queue.clone()).ok();
             }
         }
