@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::config::{RetryPolicy, WAIT_SLACK};
 use crate::core::Core;
-use crate::dialect::{Acquired, Backend, LockId};
+use crate::dialect::{Backend, LockId, Watchers};
 use crate::error::{Error, LostReason, Result};
 use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
@@ -30,7 +30,7 @@ use crate::line::{Line, Offer, Terms};
 use crate::queue::{Fifo, GROUP_MARK};
 use crate::retry::{Backoff, Retry, by_deadline, retry};
 use crate::stats::Counters;
-use crate::table::LockTable;
+use crate::table::{LockTable, WonRow};
 
 /// What one attempt is asked to do.
 pub(crate) struct Request<'a> {
@@ -62,7 +62,7 @@ const EXPIRY_JITTER: Duration = Duration::from_millis(5);
 /// statement owns copies of them (it must outlive a caller that goes away) and gives them
 /// back for the lease.
 struct Answer {
-    outcome: Result<Option<Acquired>>,
+    outcome: Result<Option<WonRow>>,
     key: String,
     owner: String,
 }
@@ -103,7 +103,7 @@ impl<DB: Backend> Drop for InFlight<'_, DB> {
                     outcome: Ok(None), ..
                 }) => return drop(gate),
                 Ok(Answer {
-                    outcome: Ok(Some(won)),
+                    outcome: Ok(Some((won, _))),
                     ..
                 }) => Some(won.fencing_token),
                 // No answer (an error, or none by the time the lease would have ended):
@@ -205,7 +205,7 @@ pub(crate) async fn attempt<DB: Backend>(
         owner,
     } = answer(&mut in_flight.statement).await;
     match outcome {
-        Ok(Some(won)) => {
+        Ok(Some((won, watchers))) => {
             let won = Won {
                 key,
                 owner,
@@ -221,7 +221,9 @@ pub(crate) async fn attempt<DB: Backend>(
             }
             Counters::bump(&core.counters.acquired);
             tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
-            Ok(Some(core.engine.start_lease(won)))
+            let lease = core.engine.start_lease(won);
+            ring_for_others(core, &lease, watchers);
+            Ok(Some(lease))
         }
         Ok(None) => Ok(None),
         Err(err) if in_flight.gate.is_some() => {
@@ -251,6 +253,15 @@ pub(crate) async fn attempt<DB: Backend>(
             });
             Err(err)
         }
+    }
+}
+
+/// After a win: when a waiter of another process was registered for the row's queue
+/// (MySQL/MariaDB), the row's bell is taken, so that the release wakes it
+/// ([`Engine::ring_at_end`](crate::engine::Engine::ring_at_end)).
+pub(crate) fn ring_for_others<DB: Backend>(core: &Core<DB>, lease: &Arc<Lease>, seen: Watchers) {
+    if seen.besides(core.queues.own_registration()) {
+        core.engine.ring_at_end(lease);
     }
 }
 
@@ -406,7 +417,7 @@ where
                 break;
             }
             place.lost().await?;
-            match pacing.after_loss(core, note).await {
+            match pacing.after_loss(core, key, note).await {
                 AfterLoss::TryAgain => continue,
                 AfterLoss::Sleep(pause) => pause,
                 AfterLoss::GiveUp => break,
@@ -539,12 +550,17 @@ impl Pacing {
         }
     }
 
-    /// After a lost attempt: asks the holder's release to wake this waiter and reads how
-    /// long the holder's lease has left, then says how long to sleep: the backoff's next
-    /// pause, or until the lease ends (plus a little jitter, so that waiters of several
-    /// processes do not all arrive at that instant) if that is sooner. A key found free is
-    /// tried again at once (not twice in a row).
-    async fn after_loss<DB: Backend>(&mut self, core: &Core<DB>, key: &str) -> AfterLoss {
+    /// After a lost attempt of a waiter in `queue`: asks the release of the row `key` to
+    /// wake this waiter and reads how long the holder's lease has left, then says how
+    /// long to sleep: the backoff's next pause, or until the lease ends (plus a little
+    /// jitter, so that waiters of several processes do not all arrive at that instant) if
+    /// that is sooner. A key found free is tried again at once (not twice in a row).
+    async fn after_loss<DB: Backend>(
+        &mut self,
+        core: &Core<DB>,
+        queue: &str,
+        key: &str,
+    ) -> AfterLoss {
         let Some(pause) = self.backoff.next_pause() else {
             return AfterLoss::GiveUp;
         };
@@ -552,10 +568,11 @@ impl Pacing {
         // waiter that has to sleep, and wakes every head once it is up.
         core.start_listener();
         let noted = by_deadline(self.deadline, core.table.note_waiter(key)).await;
-        // With the listener up, the release wakes this waiter: the sleep is only the
-        // fallback for a notification lost on the way, so take the policy's longest.
+        // With the listener up (and, for bells, hearing this queue's rows), the release
+        // wakes this waiter: the sleep is only the fallback for a wake-up lost on the way,
+        // so take the policy's longest.
         let pause = match noted {
-            Ok(Some(_)) if core.listening() => self.backoff.longest().max(pause),
+            Ok(Some(_)) if core.hears(queue) => self.backoff.longest().max(pause),
             _ => pause,
         };
         let retry_free = !self.retried_free;

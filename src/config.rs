@@ -243,6 +243,18 @@ impl RetryPolicy {
     }
 }
 
+/// Marks the rows of a coordination primitive: a semaphore's permits, a read-write
+/// lock's readers and writer, an election's leader are rows keyed `<name>~<part>`, and
+/// `<name>~` is the key of the local queue their waiters line up in.
+pub(crate) const GROUP_MARK: char = '~';
+
+/// The group `key` belongs to: its text up to and including the last [`GROUP_MARK`].
+pub(crate) fn group_of(key: &str) -> Option<&str> {
+    key.rfind(GROUP_MARK)
+        .map(|at| &key[..at + GROUP_MARK.len_utf8()])
+        .filter(|group| group.len() < key.len())
+}
+
 /// Rejects keys the table cannot hold exactly.
 pub(crate) fn validate_key(key: &str) -> Result<()> {
     let reason = if key.is_empty() {

@@ -29,7 +29,8 @@ pub(crate) struct Core<DB: Backend> {
     pub(crate) retry: RetryPolicy,
     /// This Locker's waiters, by key.
     pub(crate) queues: Arc<LocalQueues>,
-    /// The listener that hears releases of other processes (PostgreSQL).
+    /// The listener that hears releases of other processes (PostgreSQL's `NOTIFY`,
+    /// MySQL/MariaDB's bells).
     pub(crate) wakeups: Arc<Wakeups<DB>>,
     /// The stand-asides of this Locker's resigned leaders.
     pub(crate) stand_asides: StandAsides,
@@ -75,7 +76,8 @@ impl<DB: Backend> Core<DB> {
         let counters = Arc::new(Counters::default());
         let queues = Arc::new(LocalQueues::new(metrics.clone()));
         let listen = settings.listen;
-        let wakeups = Arc::new(Wakeups::new(listen.on && DB::NOTIFIES, listen.options));
+        let wakes = DB::NOTIFIES || DB::RINGS_BELLS;
+        let wakeups = Arc::new(Wakeups::new(listen.on && wakes, listen.options));
         let jobs = Jobs::default();
         let engine = Engine::new(engine::Parts {
             table: Arc::clone(&table),
@@ -135,9 +137,16 @@ impl<DB: Backend> Core<DB> {
         }
     }
 
-    /// Whether releases elsewhere wake this Locker's waiters right now.
+    /// Whether releases elsewhere wake this Locker's waiters right now: the listener is
+    /// up and, with bells (MySQL/MariaDB), hears the rows of every queue with waiters.
     pub(crate) fn listening(&self) -> bool {
-        self.wakeups.live()
+        self.wakeups.live() && (DB::NOTIFIES || self.queues.all_heard())
+    }
+
+    /// Whether a release wakes the waiters of `queue` right now: the listener is up and
+    /// hears every release (PostgreSQL's `NOTIFY`), or the bells of `queue`'s rows.
+    pub(crate) fn hears(&self, queue: &str) -> bool {
+        self.wakeups.live() && (DB::NOTIFIES || self.queues.heard(queue))
     }
 
     /// A fresh, unguessable owner value: the prefix and 32 hex digits of a random UUID.

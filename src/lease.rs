@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::{Instant, sleep_until};
 
 use crate::config::LeaseMargin;
@@ -91,6 +91,12 @@ pub(crate) struct Lease {
     acquired_at: Instant,
     /// Whether the lease stopped counting as held ([`Lease::end_hold`]).
     hold_ended: AtomicBool,
+    /// Told when the hold ends, for the engine's job that keeps the row's bell
+    /// (MySQL/MariaDB: see `engine::bell`).
+    hold_end: Mutex<Option<oneshot::Sender<()>>>,
+    /// Whether the row's bell is held for this lease: its release then reaches the
+    /// waiters of other processes, and this Locker's (see `engine::bell`).
+    belled: AtomicBool,
 }
 
 /// What a won acquisition hands to [`Lease::new`].
@@ -174,6 +180,8 @@ impl Lease {
             metrics,
             acquired_at: won.sent_at,
             hold_ended: AtomicBool::new(false),
+            hold_end: Mutex::new(None),
+            belled: AtomicBool::new(false),
         }
     }
 
@@ -368,7 +376,41 @@ impl Lease {
                 &self.key,
                 self.acquired_at.elapsed().as_secs_f64(),
             );
+            let told = self
+                .hold_end
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(told) = told {
+                told.send(()).ok();
+            }
         }
+    }
+
+    /// Completes when the hold ends ([`end_hold`](Self::end_hold): release, loss, or the
+    /// lease dropped), at once if it has. One waiter at a time: a second call replaces
+    /// the first, which then completes with an error.
+    pub(crate) fn hold_ends(&self) -> oneshot::Receiver<()> {
+        let (told, ends) = oneshot::channel();
+        let mut slot = self.hold_end.lock().unwrap_or_else(|e| e.into_inner());
+        // Read under the slot's lock: `end_hold` sets the flag before it takes the slot.
+        if self.hold_ended.load(Ordering::Acquire) {
+            told.send(()).ok();
+        } else {
+            *slot = Some(told);
+        }
+        ends
+    }
+
+    /// Records that the row's bell is held for this lease (it stays so: the lease's
+    /// release rings it).
+    pub(crate) fn set_belled(&self) {
+        self.belled.store(true, Ordering::Release);
+    }
+
+    /// Whether the row's bell is held for this lease.
+    pub(crate) fn belled(&self) -> bool {
+        self.belled.load(Ordering::Acquire)
     }
 }
 

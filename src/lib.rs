@@ -145,7 +145,8 @@ pub mod internals {
             lease: std::time::Duration,
         ) -> crate::error::Result<Option<Acquired>> {
             let until = tokio::time::Instant::now() + lease;
-            self.0.acquire(key, owner, lease, until).await
+            let won = self.0.acquire(key, owner, lease, until).await?;
+            Ok(won.map(|(won, _)| won))
         }
 
         /// Owner- and token-checked release; `true` when our row went.

@@ -294,18 +294,24 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
-    /// Whether waiters are woken by releases in other processes (PostgreSQL only: one
-    /// `LISTEN` connection per Locker, opened when a waiter first has to sleep, outside
-    /// the pool). Default: `true`. Without it, or on MySQL/MariaDB and SQLite, a waiter
-    /// whose lock is held elsewhere sleeps until the holder's lease ends or its backoff
-    /// runs out, whichever is sooner; releases through the same Locker wake its waiters
-    /// at once either way.
+    /// Whether waiters are woken by releases in other processes: on PostgreSQL one
+    /// `LISTEN` connection per Locker; on MySQL/MariaDB a *bell* listener (one connection
+    /// that registers the keys its waiters wait for, and up to four blocked in the server
+    /// on the named locks of the rows they wait for; see the README's "Waiting"). Opened
+    /// when a waiter first has to sleep, outside the pool. Default: `true`. Without it (or
+    /// on SQLite, MariaDB Galera, or for a MySQL/MariaDB hold whose holder took no bell),
+    /// a waiter whose lock is held elsewhere sleeps until the holder's lease ends or its
+    /// backoff runs out, whichever is sooner; releases through the same Locker wake its
+    /// waiters either way. A Locker without a listener still rings bells for the waiters
+    /// of other processes.
     ///
     /// The listener connects where the pool does, unless
     /// [`listener_options`](LockerBuilder::listener_options) says otherwise, and only if
     /// that connection is a session of its own: through a transaction pooler (PgBouncer
     /// `pool_mode = transaction`) it would steal other clients' notifications, so there
-    /// it is not opened and waiters poll.
+    /// it is not opened and waiters poll (PostgreSQL; on MySQL/MariaDB the named locks
+    /// need sessions of their own too: a proxy that multiplexes sessions would break
+    /// them).
     pub fn listen(mut self, on: bool) -> Self {
         self.listen = on;
         self
@@ -619,10 +625,12 @@ impl<DB: Backend> Locker<DB> {
         self.core.queues.waiting(key)
     }
 
-    /// Whether this locker's release listener is up (PostgreSQL; see
-    /// [`LockerBuilder::listen`]): releases in other processes then wake its waiters at
-    /// once. `false` until a waiter first has to sleep, while the listener reconnects,
-    /// and always on MySQL/MariaDB, SQLite, or behind a transaction pooler.
+    /// Whether releases in other processes wake this locker's waiters at once right now
+    /// (see [`LockerBuilder::listen`]): its listener is up and, on MySQL/MariaDB, hears
+    /// the bells of every row its waiters wait for (it does not for a holder that took
+    /// no bell: one that took the key before anyone waited, or a plain-SQL client).
+    /// `false` until a waiter first has to sleep, while the listener reconnects, and
+    /// always on SQLite, MariaDB Galera, or behind a transaction pooler.
     pub fn listening(&self) -> bool {
         self.core.listening()
     }
@@ -729,7 +737,8 @@ impl<DB: Backend> Locker<DB> {
     /// Callers waiting for the same key through this locker queue in arrival order: only
     /// the first sends attempts, and a release of the key through this locker wakes it at
     /// once (see [`waiting`](Self::waiting)). On PostgreSQL a release elsewhere wakes it
-    /// too, through the locker's listener ([`LockerBuilder::listen`]). Without a wake-up
+    /// too, through the locker's listener ([`LockerBuilder::listen`]), and on
+    /// MySQL/MariaDB a release whose holder rang a bell for it. Without a wake-up
     /// it sleeps until the holder's lease ends (database clock) or the next backoff
     /// delay ([`RetryPolicy`]: exponential, full jitter, capped) runs out, whichever is
     /// sooner. A [fair](LockerBuilder::fair) locker orders waiters of all processes by

@@ -24,17 +24,8 @@ use crate::lease::Lease;
 use crate::line::{self, Handed, Line, Offer, Step};
 use crate::metrics::{self, TableMetrics};
 
-/// Marks the rows of a coordination primitive: a semaphore's permits, a read-write
-/// lock's readers and writer, an election's leader are rows keyed `<name>~<part>`, and
-/// `<name>~` is the key of the local queue their waiters line up in.
-pub(crate) const GROUP_MARK: char = '~';
-
-/// The group `key` belongs to: its text up to and including the last [`GROUP_MARK`].
-pub(crate) fn group_of(key: &str) -> Option<&str> {
-    key.rfind(GROUP_MARK)
-        .map(|at| &key[..at + GROUP_MARK.len_utf8()])
-        .filter(|group| group.len() < key.len())
-}
+// Where the group mark is defined: a leaf, so that the dialects can name groups too.
+pub(crate) use crate::config::{GROUP_MARK, group_of};
 
 /// The queues of one Locker, by key.
 pub(crate) struct LocalQueues {
@@ -43,9 +34,15 @@ pub(crate) struct LocalQueues {
     /// waiting (the usual case) reads this instead of taking the lock.
     waiters: AtomicUsize,
     next_id: AtomicU64,
-    /// Told when a queue is opened (its first waiter joined): a listener that asks about
-    /// keys (`Waiting`) looks at them again.
+    /// Told when a queue is opened (its first waiter joined) or closed (its last left):
+    /// a listener that asks about keys (`Waiting`) looks at them again.
     opened: Notify,
+    /// The listener's registration (MySQL/MariaDB: its session's id; 0: none), which this
+    /// Locker's acquisitions tell from other processes' (see `Waiting::registered_as`).
+    registration: AtomicU64,
+    /// The queues whose rows' releases the listener hears, with those rows (bells: see
+    /// `Waiting::hearing`). Taken after `keys` where both are.
+    hearing: Mutex<HashMap<String, Vec<String>>>,
     /// The lock table's metrics (the waiters gauge).
     metrics: TableMetrics,
 }
@@ -93,6 +90,8 @@ impl LocalQueues {
             waiters: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
             opened: Notify::new(),
+            registration: AtomicU64::new(0),
+            hearing: Mutex::default(),
             metrics,
         }
     }
@@ -204,6 +203,50 @@ impl LocalQueues {
     pub(crate) fn waiting(&self, key: &str) -> usize {
         self.keys().get(key).map_or(0, VecDeque::len)
     }
+
+    fn hearing_now(&self) -> MutexGuard<'_, HashMap<String, Vec<String>>> {
+        self.hearing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The listener's registration, if it has one (see [`Waiting::registered_as`]).
+    pub(crate) fn own_registration(&self) -> Option<u64> {
+        Some(self.registration.load(Ordering::Acquire)).filter(|&session| session != 0)
+    }
+
+    /// Whether the listener hears every release of a row `queue`'s waiters wait for
+    /// (bells: see [`Waiting::hearing`]).
+    pub(crate) fn heard(&self, queue: &str) -> bool {
+        self.hearing_now().contains_key(queue)
+    }
+
+    /// Whether every queue with waiters is [`heard`](Self::heard).
+    pub(crate) fn all_heard(&self) -> bool {
+        let keys = self.keys();
+        let hearing = self.hearing_now();
+        keys.keys().all(|queue| hearing.contains_key(queue))
+    }
+
+    /// Whether the listener hears the release of the row `key` for every queue of this
+    /// Locker that the release wakes ([`released`](Self::released): the key's and its
+    /// group's), so that the release's bell wakes them; `false` when none waits.
+    pub(crate) fn hears(&self, key: &str) -> bool {
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let keys = self.keys();
+        let hearing = self.hearing_now();
+        let mut waited = [Some(key), group_of(key)]
+            .into_iter()
+            .flatten()
+            .filter(|queue| keys.contains_key(*queue))
+            .peekable();
+        waited.peek().is_some()
+            && waited.all(|queue| {
+                hearing
+                    .get(queue)
+                    .is_some_and(|rows| rows.iter().any(|r| r == key))
+            })
+    }
 }
 
 impl Waiting for LocalQueues {
@@ -215,6 +258,22 @@ impl Waiting for LocalQueues {
 
     fn joined(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(self.opened.notified())
+    }
+
+    fn registered_as(&self, session: Option<u64>) {
+        self.registration
+            .store(session.unwrap_or(0), Ordering::Release);
+    }
+
+    fn hearing(&self, queue: &str, rows: &[String]) {
+        // Only a queue that has waiters: one closed meanwhile stays unheard.
+        let keys = self.keys();
+        let mut hearing = self.hearing_now();
+        if rows.is_empty() || !keys.contains_key(queue) {
+            hearing.remove(queue);
+        } else {
+            hearing.insert(queue.to_owned(), rows.to_vec());
+        }
     }
 }
 
@@ -280,6 +339,9 @@ impl Drop for QueuePlace<'_> {
         match queue.front() {
             None => {
                 keys.remove(&self.key);
+                self.queues.hearing_now().remove(&self.key);
+                // A listener that registered the key lets go of it.
+                self.queues.opened.notify_one();
             }
             // The one behind takes the turn at once, whatever ended this waiter's wait.
             Some(next) if was_head => next.turn.give(self.won),

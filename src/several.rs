@@ -11,21 +11,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::acquire::{late, remove_leftover};
+use crate::acquire::{late, remove_leftover, ring_for_others};
 use crate::core::Core;
-use crate::dialect::{Acquired, Backend};
+use crate::dialect::Backend;
 use crate::error::Result;
 use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
 use crate::stats::Counters;
-use crate::table::WriteTake;
+use crate::table::{WonRow, WriteTake};
 
 /// The transaction of an attempt at several keys, in flight. Dropped before it answered,
 /// it hands the transaction to a background job, which lets it finish and removes the
 /// rows it may have won.
 struct AllInFlight<'c, DB: Backend> {
     core: &'c Core<DB>,
-    statement: Option<Statement<Result<Option<Vec<Acquired>>>>>,
+    statement: Option<Statement<Result<Option<Vec<WonRow>>>>>,
     keys: &'c [String],
     owner: &'c str,
     until: Instant,
@@ -43,7 +43,7 @@ impl<DB: Backend> Drop for AllInFlight<'_, DB> {
         self.core.jobs.spawn(async move {
             let tokens: Vec<Option<i64>> = match tokio::time::timeout_at(until, statement).await {
                 Ok(Ok(None)) => return,
-                Ok(Ok(Some(won))) => won.iter().map(|won| Some(won.fencing_token)).collect(),
+                Ok(Ok(Some(won))) => won.iter().map(|(won, _)| Some(won.fencing_token)).collect(),
                 Ok(Err(_)) | Err(_) => vec![None; keys.len()],
             };
             for (key, token) in keys.iter().zip(tokens) {
@@ -63,7 +63,7 @@ pub(crate) async fn attempt_all<DB: Backend>(
     lease: Duration,
     renew: Option<Duration>,
 ) -> Result<Option<Vec<Arc<Lease>>>> {
-    let statement = |until: Instant| -> Statement<Result<Option<Vec<Acquired>>>> {
+    let statement = |until: Instant| -> Statement<Result<Option<Vec<WonRow>>>> {
         let table = Arc::clone(&core.table);
         let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
         Box::pin(async move {
@@ -106,7 +106,7 @@ pub(crate) async fn attempt_write<DB: Backend>(
     }
     // Set by the statement when it found a reader (the rows were free).
     let read = Arc::new(AtomicBool::new(false));
-    let statement = |until: Instant| -> Statement<Result<Option<Vec<Acquired>>>> {
+    let statement = |until: Instant| -> Statement<Result<Option<Vec<WonRow>>>> {
         let table = Arc::clone(&core.table);
         let (sent_keys, sent_owner) = (keys.to_vec(), owner.to_owned());
         let (sent_readers, read) = (readers.to_owned(), Arc::clone(&read));
@@ -139,7 +139,7 @@ async fn attempt_keys<DB: Backend>(
     owner: &str,
     lease: Duration,
     renew: Option<Duration>,
-    statement: impl FnOnce(Instant) -> Statement<Result<Option<Vec<Acquired>>>>,
+    statement: impl FnOnce(Instant) -> Statement<Result<Option<Vec<WonRow>>>>,
 ) -> Result<Option<Vec<Arc<Lease>>>> {
     core.margin.check(lease, renew)?;
     Counters::bump(&core.counters.attempts);
@@ -156,10 +156,11 @@ async fn attempt_keys<DB: Backend>(
     let outcome = answer(&mut in_flight.statement).await;
     match outcome {
         Ok(Some(won)) => {
+            let watchers: Vec<_> = won.iter().map(|(_, watchers)| *watchers).collect();
             let won: Vec<Won> = keys
                 .iter()
                 .zip(won)
-                .map(|(key, won)| Won {
+                .map(|(key, (won, _))| Won {
                     key: key.clone(),
                     owner: owner.to_owned(),
                     fencing_token: won.fencing_token,
@@ -180,7 +181,12 @@ async fn attempt_keys<DB: Backend>(
             tracing::debug!(?keys, owner, "locks acquired");
             let leases = won
                 .into_iter()
-                .map(|won| core.engine.start_lease(won))
+                .zip(watchers)
+                .map(|(won, watchers)| {
+                    let lease = core.engine.start_lease(won);
+                    ring_for_others(core, &lease, watchers);
+                    lease
+                })
                 .collect();
             Ok(Some(leases))
         }

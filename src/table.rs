@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
     Acquired, Backend, Contention, HandOff, Inspected, ListQuery, Listed, ListenerOptions, LockId,
-    ReleasedRow, Releases, RenewWait, Renewal, RowState, Waiting, WriteGate,
+    ReleasedRow, Releases, RenewWait, Renewal, RowState, Waiting, Watchers, WriteGate,
 };
 use crate::error::{Error, PoolTimeoutCause, Result};
 use crate::retry::{Retry, retry, timed_out};
@@ -46,6 +46,18 @@ pub(crate) const RENEW_CHUNK: usize = 10_000;
 pub(crate) type ConnectOptions<DB> =
     <<DB as sqlx::Database>::Connection as sqlx::Connection>::Options;
 
+/// A won row, with the sessions registered as waiting for its queue
+/// ([`LockSql::acquire_watched`](crate::dialect::LockSql::acquire_watched)).
+pub(crate) type WonRow = (Acquired, Watchers);
+
+/// How an acquisition statement is sent on this table: whether the upsert takes
+/// `RETURNING`, and whether it reads who waits ([`LockTable::watches_on`]).
+#[derive(Clone, Copy)]
+struct Sending {
+    upsert_returns: bool,
+    watch: bool,
+}
+
 /// The acquisition statement of each of `keys` in turn on `conn` (inside a transaction):
 /// what each won, or `None` at the first key held by another owner. No statement waits
 /// for a lock on the server past `until`.
@@ -56,12 +68,19 @@ async fn take_all<DB: Backend>(
     owner: &str,
     lease: Duration,
     until: Instant,
-    upsert_returns: bool,
-) -> Result<Option<Vec<Acquired>>, sqlx::Error> {
+    sending: Sending,
+) -> Result<Option<Vec<WonRow>>, sqlx::Error> {
+    let Sending {
+        upsert_returns,
+        watch,
+    } = sending;
     let mut won = Vec::with_capacity(keys.len());
     for key in keys {
         let wait = until.saturating_duration_since(Instant::now());
-        match DB::acquire(conn, sql, key, owner, micros(lease), wait, upsert_returns).await? {
+        let lease = micros(lease);
+        let key = (key.as_str(), None);
+        match DB::acquire_watched(conn, sql, key, owner, lease, wait, upsert_returns, watch).await?
+        {
             Some(acquired) => won.push(acquired),
             None => return Ok(None),
         }
@@ -72,7 +91,7 @@ async fn take_all<DB: Backend>(
 /// What a read-write lock's write attempt ([`LockTable::acquire_write`]) came to.
 pub(crate) enum WriteTake {
     /// Both rows, the writer's and the grant's, committed.
-    Won(Vec<Acquired>),
+    Won(Vec<WonRow>),
     /// A row was held by another owner, or another session got in the way: nothing kept.
     Held,
     /// Both rows were free but a reader holds: nothing kept.
@@ -614,15 +633,29 @@ impl<DB: Backend> LockTable<DB> {
         owner: &str,
         lease: Duration,
         until: Instant,
-    ) -> Result<Option<Acquired>> {
+    ) -> Result<Option<WonRow>> {
         let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
                 pooled!(|conn| async {
-                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let Sending {
+                        upsert_returns,
+                        watch,
+                    } = self.sending_on(&mut *conn).await?;
                     let wait = until.saturating_duration_since(Instant::now());
-                    DB::acquire(conn, &self.sql, key, owner, micros(lease), wait, returns).await
+                    let (lease, key) = (micros(lease), (key, None));
+                    DB::acquire_watched(
+                        conn,
+                        &self.sql,
+                        key,
+                        owner,
+                        lease,
+                        wait,
+                        upsert_returns,
+                        watch,
+                    )
+                    .await
                 }),
             )
             .await;
@@ -641,16 +674,16 @@ impl<DB: Backend> LockTable<DB> {
         owner: &str,
         lease: Duration,
         until: Instant,
-    ) -> Result<Option<Vec<Acquired>>> {
+    ) -> Result<Option<Vec<WonRow>>> {
         let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
                 pooled!(|conn| async {
-                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let sending = self.sending_on(&mut *conn).await?;
                     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                     let taken =
-                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, returns)
+                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, sending)
                             .await;
                     end_transaction(tx, taken, Option::is_some).await
                 }),
@@ -671,17 +704,29 @@ impl<DB: Backend> LockTable<DB> {
         owner: &str,
         lease: Duration,
         until: Instant,
-    ) -> Result<Option<Acquired>> {
+    ) -> Result<Option<WonRow>> {
         let bound = attempt_bound(until);
         let won = self
             .run_raw(
                 bound,
                 pooled!(|conn| async {
-                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let Sending {
+                        upsert_returns,
+                        watch,
+                    } = self.sending_on(&mut *conn).await?;
                     let wait = until.saturating_duration_since(Instant::now());
-                    let lease = micros(lease);
-                    let keys = (key, grant);
-                    DB::acquire_read(conn, &self.sql, keys, owner, lease, wait, returns).await
+                    let (lease, keys) = (micros(lease), (key, Some(grant)));
+                    DB::acquire_watched(
+                        conn,
+                        &self.sql,
+                        keys,
+                        owner,
+                        lease,
+                        wait,
+                        upsert_returns,
+                        watch,
+                    )
+                    .await
                 }),
             )
             .await;
@@ -708,10 +753,10 @@ impl<DB: Backend> LockTable<DB> {
             .run_raw(
                 bound,
                 pooled!(|conn| async {
-                    let returns = self.upsert_returns_on(&mut *conn).await?;
+                    let sending = self.sending_on(&mut *conn).await?;
                     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                     let taken =
-                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, returns)
+                        take_all::<DB>(&mut tx, &self.sql, keys, owner, lease, until, sending)
                             .await;
                     let taken = match taken {
                         Ok(Some(won)) => {
@@ -1091,6 +1136,35 @@ impl<DB: Backend> LockTable<DB> {
         Ok(*known.await?)
     }
 
+    /// How acquisitions are sent: with `RETURNING` ([`upsert_returns_on`](Self::upsert_returns_on)),
+    /// and reading who waits where the backend rings bells and the server is not a
+    /// Galera node (named locks are a node's own there). Asked on `conn` the first time.
+    async fn sending_on(&self, conn: &mut DB::Connection) -> Result<Sending, sqlx::Error> {
+        let upsert_returns = self.upsert_returns_on(&mut *conn).await?;
+        let watch = DB::RINGS_BELLS && !self.certifies_writes_on(conn).await?;
+        Ok(Sending {
+            upsert_returns,
+            watch,
+        })
+    }
+
+    /// Takes the bell of the row `key` on the engine's connection, without waiting
+    /// (see [`NotifySql::take_bell`](crate::dialect::NotifySql::take_bell)): `true` when
+    /// taken. The engine's connection holds it until [`drop_bell`](Self::drop_bell), or
+    /// until the connection is closed (after a failed statement), which rings it too.
+    pub(crate) async fn take_bell(&self, key: &str) -> Result<bool> {
+        let took: Result<_, sqlx::Error> =
+            on_lane!(self, |conn| DB::take_bell(conn, &self.sql, key));
+        took.map_err(|err| self.error_from(err))
+    }
+
+    /// Drops the bell of the row `key` that [`take_bell`](Self::take_bell) took.
+    pub(crate) async fn drop_bell(&self, key: &str) -> Result<()> {
+        let dropped: Result<_, sqlx::Error> =
+            on_lane!(self, |conn| DB::drop_bell(conn, &self.sql, key));
+        dropped.map_err(|err| self.error_from(err))
+    }
+
     /// Fair mode: takes a ticket for `key` with a lease of `lease`; its number.
     pub(crate) async fn take_ticket(&self, key: &str, lease: Duration) -> Result<i64> {
         self.run(
@@ -1441,7 +1515,7 @@ mod mysql_paths {
                 .acquire(&key, "first", LEASE, tokio::time::Instant::now() + LEASE)
                 .await
                 .unwrap();
-            let first = first.expect("a free key is won");
+            let (first, _) = first.expect("a free key is won");
             let after = counts(&pool).await;
             let selects = i64::from(!returning);
             assert_eq!(
@@ -1493,7 +1567,7 @@ mod mysql_paths {
                 .filter_map(|(i, outcome)| outcome.unwrap().map(|won| (i, won)))
                 .collect();
             assert_eq!(won.len(), 1, "returning {returning}: {won:?}");
-            let (winner, taken) = &won[0];
+            let (winner, (taken, _)) = &won[0];
             assert!(taken.fencing_token > first.fencing_token);
             let holder = table.inspect(&key).await.unwrap().expect("a row");
             assert_eq!(holder.owner, format!("taker-{winner}"));

@@ -1,12 +1,15 @@
-//! Wake-ups across processes: one listener connection per Locker, owned by its engine,
-//! that hears the releases of the lock table (PostgreSQL `LISTEN`; MySQL/MariaDB and
-//! SQLite have no notifications, and their waiters poll).
+//! Wake-ups across processes: one listener per Locker, owned by its engine, that hears
+//! the releases of the lock table (PostgreSQL `LISTEN`; MySQL/MariaDB's bells, named
+//! locks its own sessions block on, see `dialect/mysql/bells.rs`; SQLite has neither,
+//! and its waiters poll).
 //!
 //! A waiter that lost an attempt marks the row it waits for (`note_waiter`); deleting a
 //! marked row (release, reaper) sends a notification at commit, and the listener hands
-//! the head of that key's local queue its turn at once. Correctness never depends on a
-//! notification: every waiter still sleeps at most until the holder's known expiry or its
-//! capped backoff, so a lost one costs that fallback wait, no more.
+//! the head of that key's local queue its turn at once. With bells the listener itself
+//! registers the keys its waiters wait for, and hears the release of a row whose holder
+//! saw that registration. Correctness never depends on a wake-up: every waiter still
+//! sleeps at most until the holder's known expiry or its capped backoff, so a lost one
+//! costs that fallback wait, no more.
 //!
 //! The listener starts with the first waiter that has to sleep, and lives until the
 //! engine stops. A dropped connection is opened again (with a capped backoff) and every
@@ -92,7 +95,8 @@ impl<DB: Backend> Wakeups<DB> {
         // notification (one that starts later LISTENs after that commit, and PostgreSQL
         // delivers a notification to the sessions listening at commit), so without one
         // there is nothing to remember: the uncontended cycle skips the lock and the set.
-        if !matches!(self.state.load(Ordering::Acquire), CONNECTING | LIVE) {
+        // Bells (MySQL/MariaDB) carry no token: only NOTIFYs can be this Locker's own.
+        if !DB::NOTIFIES || !matches!(self.state.load(Ordering::Acquire), CONNECTING | LIVE) {
             return;
         }
         let mut own = self.own();

@@ -50,7 +50,7 @@ pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys,
 pub use rows::{Acquired, HandOff, LockId};
 pub(crate) use rows::{
     Inspected, ListQuery, Listed, ListenerOptions, Released, ReleasedRow, Releases, Renewal,
-    RowState, Waiting,
+    RowState, Waiting, Watchers,
 };
 #[allow(unused_imports)] // which of them a build uses depends on its backends
 pub(crate) use rows::{
@@ -354,6 +354,38 @@ pub trait LockSql: Dialect {
         Self::acquire(conn, sql, key, owner, lease_micros, wait, upsert_returns)
     }
 
+    /// [`acquire`](Self::acquire) (or, with a `grant`, [`acquire_read`](Self::acquire_read)),
+    /// also reading in the same statement who is registered as waiting for the row's
+    /// queue ([`Watchers`]), where the dialect registers waiters and `watch` says to
+    /// (MySQL/MariaDB outside Galera, where named locks are a node's own). Elsewhere the
+    /// acquisition alone, and nobody registered.
+    #[allow(clippy::too_many_arguments)] // acquire's, and the two that choose the statement
+    fn acquire_watched(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        (key, grant): (&str, Option<&str>),
+        owner: &str,
+        lease_micros: i64,
+        wait: std::time::Duration,
+        upsert_returns: bool,
+        watch: bool,
+    ) -> impl Future<Output = Result<Option<(Acquired, Watchers)>, sqlx::Error>> + Send {
+        let _ = watch;
+        async move {
+            let won = match grant {
+                Some(grant) => {
+                    let keys = (key, grant);
+                    Self::acquire_read(conn, sql, keys, owner, lease_micros, wait, upsert_returns)
+                        .await?
+                }
+                None => {
+                    Self::acquire(conn, sql, key, owner, lease_micros, wait, upsert_returns).await?
+                }
+            };
+            Ok(won.map(|won| (won, Watchers::default())))
+        }
+    }
+
     /// Owner- and token-checked delete of a write's two rows (in key order) in one
     /// statement, waking waiters as a release does: the rows that were ours and went.
     /// `upsert_returns`: the server takes `RETURNING` ([`LockSql::upsert_returns`]).
@@ -439,8 +471,39 @@ pub trait NotifySql: Dialect {
         key: &str,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
+    /// Whether waiters of other processes are woken by *bells* (MySQL/MariaDB named
+    /// locks): a listener registers the keys its waiters wait for, an acquisition that
+    /// sees another process registered takes the row's bell ([`take_bell`](Self::take_bell))
+    /// and drops it after the release ([`drop_bell`](Self::drop_bell)), and listeners
+    /// blocked on that bell in the server hear the release.
+    const RINGS_BELLS: bool = false;
+
+    /// Takes the bell of the row `key` on this connection, without waiting: `true` when
+    /// taken (then held until [`drop_bell`](Self::drop_bell) or the session's end),
+    /// `false` when another session holds it.
+    fn take_bell(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
+        let _ = (conn, sql, key);
+        std::future::ready(Ok(false))
+    }
+
+    /// Drops a bell [`take_bell`](Self::take_bell) took on this connection: the listeners
+    /// blocked on it hear the release.
+    fn drop_bell(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        let _ = (conn, sql, key);
+        std::future::ready(Ok(()))
+    }
+
     /// Opens a connection of its own that hears the releases of `table` (PostgreSQL
-    /// `LISTEN`). `Ok(None)` when the backend has no notifications (MySQL, SQLite), or
+    /// `LISTEN`; MySQL/MariaDB's bells, see [`RINGS_BELLS`](Self::RINGS_BELLS)). `Ok(None)`
+    /// when the backend has neither (SQLite) or cannot use them (MariaDB Galera), or
     /// when the connection turns out not to be a session of its own (a transaction
     /// pooler in between): then waiters poll.
     fn listen(

@@ -10,27 +10,37 @@
 //! from the triggers of the migration. `UPDATE` has no `RETURNING` here, so
 //! extend hands the new expiry back through `LAST_INSERT_ID(expr)`, which the server puts
 //! in the OK packet: one statement, and the database's own arithmetic.
+//!
+//! There are no notifications here; waiters of other processes are woken by *bells*,
+//! named locks (see "Bells" below, and the listener in `mysql/bells.rs`): the acquisition
+//! reads, with the row, whether another process registered as waiting, and only then is
+//! anything more sent (the bell's two statements, on the lease engine's connection).
 
 use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlDatabaseError;
-use sqlx::{MySql, MySqlConnection};
+use sqlx::{Connection, MySql, MySqlConnection};
 
 use crate::config::micros;
 
 use super::{
-    Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed, LockId,
-    LockSql, MigrateSql, NotifySql, ReleasedRow, RenewWait, Renewal, RowState, RowWait, Sql,
-    TicketSql, TxSql, audited, batch_json, ids_json, is_unique_violation, json_list, quoted_after,
-    sql,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, Inspected, ListQuery, Listed,
+    ListenerOptions, LockId, LockSql, MigrateSql, NotifySql, ReleasedRow, Releases, RenewWait,
+    Renewal, RowState, RowWait, Sql, TicketSql, TxSql, Watchers, audited, batch_json, ids_json,
+    is_unique_violation, json_list, quoted_after, sql,
 };
+
+mod bells;
 
 statements! { batch_sql;
     check_fence_write: CHECK_FENCE_WRITE,
     check_fences_write: CHECK_FENCES_WRITE,
-    acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER}"),
+    acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER},\n{}", watchers()),
     read_owner: READ_OWNER,
+    read_owner_watching: &read_owner_watching(),
+    take_bell: &format!("SELECT GET_LOCK({}, 0)", named(BELL, "?")),
+    drop_bell: &format!("SELECT RELEASE_LOCK({})", named(BELL, "?")),
     release_live: RELEASE_LIVE,
     read_release_batch: READ_RELEASE_BATCH,
     read_batch: READ_BATCH,
@@ -103,6 +113,97 @@ fn statement_bound(wait: std::time::Duration) -> &'static str {
 // MySQL 8: the same read, as a statement of its own after the upsert.
 const READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
+
+// Bells. Named locks (GET_LOCK) belong to the server, not to a table or a transaction:
+// a session holds one until it releases it or ends, and a session blocked in GET_LOCK is
+// woken by the server when the holder lets go. Three names serve one queue of waiters:
+// two *wait names* a waiting process's listener holds while its waiters wait (two, so
+// that a holder can see a second process waiting beside its own: a name has one holder),
+// and each row's *bell*, which its holder takes when its acquisition saw another process
+// registered, and drops after the row's DELETE committed. Listeners of the waiting
+// processes block on the bell (`bells.rs`). The names hash the database, the table and
+// the key (a name has at most 64 characters; MD5 is only a spread here).
+
+/// The kinds of name: a queue's two wait names, a row's bell.
+const WAIT: [&str; 2] = ["w0", "w1"];
+const BELL: &str = "b";
+
+/// The server-side name of `kind` for the key at `arg` (a `?` or a column): 41 or 42
+/// characters, the same for every session of this database and table.
+fn named(kind: &str, arg: &str) -> String {
+    format!(
+        "CONCAT('dblock:', MD5(CONCAT_WS(0x1F, CAST(DATABASE() AS BINARY), '{{table}}', {arg})), ':{kind}')"
+    )
+}
+
+/// The sessions holding the wait names of the queue bound twice at the end (connection
+/// ids, `NULL` for a free name): what an acquisition reads along with the row.
+fn watchers() -> String {
+    let [w0, w1] = WAIT.map(|kind| format!("CAST(IS_USED_LOCK({}) AS SIGNED)", named(kind, "?")));
+    format!("{w0}, {w1}")
+}
+
+/// MySQL 8's read after the upsert, with the watchers (not on Galera: READ_OWNER there).
+fn read_owner_watching() -> String {
+    format!(
+        "SELECT lock_value, fencing_token, expire_time, {}\n  FROM {{table}} WHERE lock_key = ?",
+        watchers()
+    )
+}
+
+/// The key whose wait names a waiter of the row `key` holds: the group of a primitive's
+/// member (`<name>~`, its waiters' queue), the key itself for a mutex. Listeners register
+/// the queues they wait in the same way, so the waiters of a primitive's several queues
+/// (an election's leader, a read-write lock's writer and readers) share one registration.
+pub(super) fn registered_key(key: &str) -> &str {
+    crate::config::group_of(key).unwrap_or(key)
+}
+
+/// The listener's statements (`bells.rs`), for one table.
+pub(super) struct BellSql {
+    /// Takes one of the queue's wait names unless this session holds one: 1 when it
+    /// holds one after, 0 when two other sessions hold them.
+    pub(super) register: Sql,
+    /// Lets go of the queue's wait names this session holds.
+    pub(super) unregister: Sql,
+    /// The live rows from the first bound key (inclusive) to the second (exclusive), at
+    /// most the third: key, the session holding its bell, microseconds its lease has left.
+    pub(super) discover: Sql,
+    /// Blocks until the bound row's bell is let go (1; 0 if it was free already), at most
+    /// the bound seconds (then 2). Whoever the server hands the bell to lets go of it in the
+    /// same statement, so the next blocked session gets it at once.
+    pub(super) block: Sql,
+}
+
+pub(super) fn bell_sql(table: &str) -> BellSql {
+    let [w0, w1] = WAIT.map(|kind| named(kind, "?"));
+    let bell = named(BELL, "?");
+    let register = format!(
+        "SELECT CASE WHEN IS_USED_LOCK({w0}) = CONNECTION_ID() OR IS_USED_LOCK({w1}) = CONNECTION_ID() THEN 1
+            WHEN GET_LOCK({w0}, 0) = 1 THEN 1
+            WHEN GET_LOCK({w1}, 0) = 1 THEN 1
+            ELSE 0 END"
+    );
+    let unregister = format!("SELECT RELEASE_LOCK({w0}), RELEASE_LOCK({w1})");
+    let discover = format!(
+        "SELECT lock_key, CAST(IS_USED_LOCK({}) AS SIGNED),
+       CAST(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), expire_time)) AS SIGNED)
+  FROM {{table}} WHERE lock_key >= ? AND lock_key < ? AND expire_time > NOW(6)
+ ORDER BY lock_key LIMIT ?",
+        named(BELL, "lock_key")
+    );
+    let block = format!(
+        "SELECT CASE WHEN IS_USED_LOCK({bell}) IS NULL THEN 0
+            WHEN GET_LOCK({bell}, ?) = 1 THEN 1 + 0 * COALESCE(RELEASE_LOCK({bell}), 0)
+            ELSE 2 END"
+    );
+    BellSql {
+        register: sql(&register, table),
+        unregister: sql(&unregister, table),
+        discover: sql(&discover, table),
+        block: sql(&block, table),
+    }
+}
 
 // A write's look for live readers, inside its transaction (`LockSql::live_member`). A
 // locking read: it reads the rows as committed now, whatever snapshot the transaction's
@@ -262,7 +363,9 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
  ORDER BY t.lock_key
  LIMIT ?";
 
-// No notifications here: waiters learn of it when their pause ends.
+// No bell is dropped here (it belongs to the holder's session, which learns of the loss
+// at its next renewal): waiters that hear the row see it gone within a second (their
+// blocked statement's bound), the others when their pause ends.
 const FORCE_RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?";
 
 // A job's minimum hold: the row stays until `acquired_at + ?`, by the database clock that
@@ -276,7 +379,8 @@ UPDATE {table}
 
 const REAP: &str = "DELETE FROM {table} WHERE expire_time < NOW(6) ORDER BY expire_time LIMIT ?";
 
-// No notifications here: a waiter only learns how long the holder's lease has left.
+// No mark on the row here (a waiter registers through its listener's wait names): a
+// waiter only learns how long the holder's lease has left.
 const NOTE_WAITER: &str = "\
 SELECT GREATEST(0, TIMESTAMPDIFF(MICROSECOND, NOW(6), expire_time)) FROM {table}
  WHERE lock_key = ?";
@@ -446,6 +550,97 @@ fn token_counter(key: &str) -> u32 {
     CRC32.checksum(key.as_bytes()) % 16
 }
 
+/// One acquisition's input, as [`LockSql::acquire`] takes it.
+struct Attempt<'a> {
+    key: &'a str,
+    owner: &'a str,
+    lease_micros: i64,
+    wait: std::time::Duration,
+}
+
+/// The row after an acquisition: owner, token, expiry, and the sessions holding the
+/// key's wait names (`NULL` where not read).
+type OwnerRow = (String, i64, DateTime<Utc>, Option<i64>, Option<i64>);
+
+/// The acquisition ([`LockSql::acquire`]), and who waits for the row's queue when
+/// `watch` (off on Galera) or when the statement reads it anyway (`RETURNING`).
+async fn acquire_row(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    attempt: Attempt<'_>,
+    upsert_returns: bool,
+    watch: bool,
+) -> Result<Option<(Acquired, Watchers)>, sqlx::Error> {
+    let Attempt {
+        key,
+        owner,
+        lease_micros,
+        wait,
+    } = attempt;
+    let queue = registered_key(key);
+    let row: Option<OwnerRow> = if upsert_returns {
+        // MariaDB (the only server that takes RETURNING here): the attempt's deadline
+        // travels with it as `max_statement_time` (checked on 10.11: it interrupts an
+        // InnoDB row-lock wait, error 1969, a lost race), so an abandoned attempt
+        // cannot commit after its caller gave up. MySQL 8 has no `SET STATEMENT`;
+        // there (and on Galera) only the client-side bound and the clean-up apply.
+        let bounded = format!(
+            "SET STATEMENT max_statement_time={} FOR {}",
+            statement_bound(wait),
+            sql.acquire_returning
+        );
+        // Read to the end, not to the first row: the row comes before the statement
+        // commits, and whatever follows it must be read now (a `fetch_optional` left
+        // it for the connection's next user). Not used where a commit can be refused
+        // after the row (Galera's certification: see LockTable::upsert_returns_on).
+        // The table name in it was validated (`audited`); the bound is one of a fixed set.
+        // The watchers come with the row: two IS_USED_LOCK calls, no round trip more
+        // (checked on 10.11: RETURNING takes them).
+        let rows: Vec<OwnerRow> = sqlx::query_as(sqlx::AssertSqlSafe(bounded))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_micros)
+            .bind(queue)
+            .bind(queue)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter().next()
+    } else {
+        sqlx::query(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_micros)
+            .execute(&mut *conn)
+            .await?;
+        if watch {
+            sqlx::query_as(audited(&sql.read_owner_watching))
+                .bind(queue)
+                .bind(queue)
+                .bind(key)
+                .fetch_optional(conn)
+                .await?
+        } else {
+            let row: Option<(String, i64, DateTime<Utc>)> =
+                sqlx::query_as(audited(&sql.read_owner))
+                    .bind(key)
+                    .fetch_optional(conn)
+                    .await?;
+            row.map(|(holder, token, expires_at)| (holder, token, expires_at, None, None))
+        }
+    };
+    Ok(match row {
+        Some((holder, fencing_token, expires_at, w0, w1)) if holder == owner => {
+            let session = |id: Option<i64>| id.and_then(|id| u64::try_from(id).ok());
+            let acquired = Acquired {
+                fencing_token,
+                expires_at,
+            };
+            Some((acquired, Watchers([session(w0), session(w1)])))
+        }
+        _ => None,
+    })
+}
+
 impl LockSql for MySql {
     async fn bound_session(
         conn: &mut MySqlConnection,
@@ -474,49 +669,34 @@ impl LockSql for MySql {
         wait: std::time::Duration,
         upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        let row: Option<(String, i64, DateTime<Utc>)> = if upsert_returns {
-            // MariaDB (the only server that takes RETURNING here): the attempt's deadline
-            // travels with it as `max_statement_time` (checked on 10.11: it interrupts an
-            // InnoDB row-lock wait, error 1969, a lost race), so an abandoned attempt
-            // cannot commit after its caller gave up. MySQL 8 has no `SET STATEMENT`;
-            // there (and on Galera) only the client-side bound and the clean-up apply.
-            let bounded = format!(
-                "SET STATEMENT max_statement_time={} FOR {}",
-                statement_bound(wait),
-                sql.acquire_returning
-            );
-            // Read to the end, not to the first row: the row comes before the statement
-            // commits, and whatever follows it must be read now (a `fetch_optional` left
-            // it for the connection's next user). Not used where a commit can be refused
-            // after the row (Galera's certification: see LockTable::upsert_returns_on).
-            // The table name in it was validated (`audited`); the bound is one of a fixed set.
-            let rows: Vec<(String, i64, DateTime<Utc>)> =
-                sqlx::query_as(sqlx::AssertSqlSafe(bounded))
-                    .bind(key)
-                    .bind(owner)
-                    .bind(lease_micros)
-                    .fetch_all(conn)
-                    .await?;
-            rows.into_iter().next()
-        } else {
-            sqlx::query(audited(&sql.acquire))
-                .bind(key)
-                .bind(owner)
-                .bind(lease_micros)
-                .execute(&mut *conn)
-                .await?;
-            sqlx::query_as(audited(&sql.read_owner))
-                .bind(key)
-                .fetch_optional(conn)
-                .await?
+        let attempt = Attempt {
+            key,
+            owner,
+            lease_micros,
+            wait,
         };
-        Ok(match row {
-            Some((holder, fencing_token, expires_at)) if holder == owner => Some(Acquired {
-                fencing_token,
-                expires_at,
-            }),
-            _ => None,
-        })
+        let won = acquire_row(conn, sql, attempt, upsert_returns, false).await?;
+        Ok(won.map(|(won, _)| won))
+    }
+
+    async fn acquire_watched(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        // A reader's row is acquired as any row here (see `LockSql::acquire_read`).
+        (key, _grant): (&str, Option<&str>),
+        owner: &str,
+        lease_micros: i64,
+        wait: std::time::Duration,
+        upsert_returns: bool,
+        watch: bool,
+    ) -> Result<Option<(Acquired, Watchers)>, sqlx::Error> {
+        let attempt = Attempt {
+            key,
+            owner,
+            lease_micros,
+            wait,
+        };
+        acquire_row(conn, sql, attempt, upsert_returns, watch).await
     }
 
     async fn release(
@@ -877,6 +1057,53 @@ impl TicketSql for MySql {
 
 impl NotifySql for MySql {
     note_waiter!();
+
+    const RINGS_BELLS: bool = true;
+
+    async fn take_bell(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<bool, sqlx::Error> {
+        // 1 taken; 0 another session holds it; NULL an error (a killed query).
+        let took: Option<i64> = sqlx::query_scalar(audited(&sql.take_bell))
+            .bind(key)
+            .fetch_one(conn)
+            .await?;
+        Ok(took == Some(1))
+    }
+
+    async fn drop_bell(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(audited(&sql.drop_bell))
+            .bind(key)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    async fn listen(
+        listener: ListenerOptions<MySql>,
+        table: &str,
+    ) -> Result<Option<Box<dyn Releases>>, sqlx::Error> {
+        let mut registry = MySqlConnection::connect_with(&listener.options).await?;
+        // Galera: named locks are a node's own (and refused outright where `wsrep_on`
+        // since MDEV-30473): a bell rung on one node wakes nobody on another. Waiters poll
+        // there, and acquisitions read no watchers (LockTable::watches).
+        if MySql::certifies_writes(&mut registry).await? {
+            registry.close().await.ok();
+            return Ok(None);
+        }
+        let session: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+            .fetch_one(&mut registry)
+            .await?;
+        let session = u64::try_from(session).unwrap_or_default();
+        let bells = bells::Bells::start(registry, session, listener, bell_sql(table));
+        Ok(Some(Box::new(bells)))
+    }
 }
 
 /// Takes the cluster-wide migration claim of `table` on this connection (see

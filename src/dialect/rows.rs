@@ -300,9 +300,36 @@ pub trait Waiting: Send + Sync {
     /// The keys with at least one waiter now, in no particular order.
     fn keys(&self) -> Vec<String>;
 
-    /// Completes when a waiter may have joined a queue since the last call (it may
-    /// also complete spuriously): a listener with nothing to listen for sleeps on this.
+    /// Completes when a waiter may have joined a queue, or a queue emptied, since the
+    /// last call (it may also complete spuriously): a listener with nothing to listen for
+    /// sleeps on this, and one that registers the keys it waits for looks at them again.
     fn joined(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+
+    /// A listener that registers its waiters in the database (MySQL/MariaDB's wait names)
+    /// says under which session it does (the server's connection id; `None`: no longer),
+    /// so that this Locker's own acquisitions can tell its registration from another
+    /// process's ([`Watchers::besides`]).
+    fn registered_as(&self, _session: Option<u64>) {}
+
+    /// A listener that hears the releases of some rows only (MySQL/MariaDB's bells) says
+    /// that the release of any of `rows` now wakes the waiters of `queue`, and that those
+    /// are all the live rows `queue` waits for; empty: it hears none of them, or not all
+    /// (the waiters then keep their own pace).
+    fn hearing(&self, _queue: &str, _rows: &[String]) {}
+}
+
+/// The sessions registered as waiting for the queue of a row that an acquisition won
+/// (MySQL/MariaDB: the holders of the queue's two wait names, as server connection ids),
+/// read by the acquisition's own statement. Empty where a dialect has no such registry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Watchers(pub [Option<u64>; 2]);
+
+impl Watchers {
+    /// Whether a session other than `own` (this Locker's registration) waits: a waiter of
+    /// another process, whom the release must wake.
+    pub fn besides(&self, own: Option<u64>) -> bool {
+        self.0.iter().flatten().any(|session| Some(*session) != own)
+    }
 }
 
 /// A release a listener heard: the row of `key` with `fencing_token` was deleted.

@@ -54,6 +54,7 @@
 //! leases then lapse at their deadline and say so through `lost()`) and first finishes
 //! the background releases, each bounded by its lease's deadline.
 
+mod bell;
 mod release;
 mod renewal;
 

@@ -280,7 +280,7 @@ impl<DB: Backend> EngineState<DB> {
         // (also when the DELETE failed: the lease may have ended anyway). A row kept for
         // a minimum hold is still held: the waiters sleep until its lease ends.
         if !kept {
-            self.queues.released(&lease.key);
+            self.wake_local(lease);
         }
         let (deleted, _) = outcome?;
         self.settle(lease, deleted, kept);
@@ -300,7 +300,7 @@ impl<DB: Backend> EngineState<DB> {
         // As in `release`: held no more, and local waiters try at once, whatever came of it.
         for lease in leases {
             lease.end_hold();
-            self.queues.released(&lease.key);
+            self.wake_local(lease);
         }
         let rows = outcome?;
         let released: HashMap<(&str, i64), bool> = rows
@@ -364,7 +364,7 @@ impl<DB: Backend> EngineState<DB> {
                 tracing::warn!(key = %lease.key, owner = %lease.owner, "background release failed until the lease's deadline; the row will expire");
             }
             lease.end_hold();
-            self.queues.released(&lease.key);
+            self.wake_local(&lease);
         }
         let mut batch = live;
         if batch.is_empty() {
@@ -388,7 +388,7 @@ impl<DB: Backend> EngineState<DB> {
                     .collect();
                 for lease in &batch {
                     lease.end_hold();
-                    self.queues.released(&lease.key);
+                    self.wake_local(lease);
                     let deleted = released.get(&(lease.key.as_str(), lease.fencing_token));
                     self.settle(lease, deleted.copied(), false);
                 }

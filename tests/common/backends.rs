@@ -214,6 +214,7 @@ impl TestBackend for MySql {
     const NOW: &'static str = "NOW()";
     const HEARS_RELEASES: bool = false;
     const HANDOFF_IN_RELEASE: bool = false;
+    const WAKES_BY_BELLS: bool = true;
 
     fn locate() -> Result<String, Unavailable> {
         servers::mysql_url()

@@ -49,6 +49,9 @@ pub trait TestBackend: Backend {
     /// Whether a release hands the row to the next local waiter in its own statement
     /// (PostgreSQL); elsewhere the waiter acquires after the release.
     const HANDOFF_IN_RELEASE: bool;
+    /// Whether waiters of other Lockers are woken by bells, the server-side named locks
+    /// of MySQL/MariaDB (see `conformance/bells.rs`); a Locker then listens there too.
+    const WAKES_BY_BELLS: bool = false;
 
     /// Where a test's database is: a server URL, or a fresh SQLite file. `Err` says why
     /// the backend is unavailable.

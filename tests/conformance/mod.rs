@@ -4,6 +4,7 @@
 mod admin;
 mod adversary;
 mod any;
+mod bells;
 mod bounds;
 mod campaign;
 mod engine;
@@ -34,6 +35,7 @@ use std::time::Duration;
 pub use admin::*;
 pub use adversary::*;
 pub use any::*;
+pub use bells::*;
 pub use bounds::*;
 pub use campaign::*;
 pub use engine::*;
@@ -164,6 +166,10 @@ macro_rules! conformance_suite {
             a_schedule_can_skip_a_period_whose_start_it_missed,
             a_spawned_candidate_keeps_leading_through_errors_and_losses,
             a_spawned_candidate_refuses_bad_input,
+            a_bell_wakes_a_waiter_of_another_process,
+            hot_key_is_shared_between_processes,
+            semaphore_permits_are_shared_between_processes,
+            a_waiter_whose_listener_is_cut_off_still_gets_the_key,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

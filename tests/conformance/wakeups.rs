@@ -120,7 +120,9 @@ async fn woken_by_release<DB: TestBackend>(
 /// A waiter of another Locker (its own pool) on a key held here: on PostgreSQL, once it
 /// has marked the row, the release wakes it at once, round after round, and its
 /// listener is one session on the server. Elsewhere the waiter still gets the lock by
-/// polling, and its Locker never claims to listen.
+/// polling, and its Locker does not claim to hear the key: no listener (SQLite), or, with
+/// bells (MySQL/MariaDB, `bells.rs`), a listener that registered too late for this hold
+/// (the holder took the key before anyone waited, and took no bell).
 pub async fn releases_elsewhere_wake_waiters<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
@@ -140,11 +142,9 @@ pub async fn releases_elsewhere_wake_waiters<DB: TestBackend>() {
         holder.release().await.unwrap();
         let (guard, _) = granted(waiter).await;
         let stats = other.stats();
-        assert_eq!(
-            (stats.wakeups, stats.listener_connects),
-            (0, 0),
-            "{stats:?}"
-        );
+        assert_eq!(stats.wakeups, 0, "{stats:?}");
+        let connects = if DB::WAKES_BY_BELLS { 0..=1 } else { 0..=0 };
+        assert!(connects.contains(&stats.listener_connects), "{stats:?}");
         guard.release().await.unwrap();
         return;
     }
