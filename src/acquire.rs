@@ -330,8 +330,8 @@ where
 /// semaphore, a read-write lock or several keys, whose queue is not one row's (fair
 /// mode's tickets order the waiters of one row), and whose `attempt` tries several rows.
 /// After a lost attempt the waiter marks the row `note` (the row whose release it waits
-/// for: a reader, the writer's) so that its release wakes it on PostgreSQL, and sleeps
-/// until that row's lease ends at the latest.
+/// for: a reader, the writer's) so that its release wakes it on PostgreSQL and SQLite,
+/// and sleeps until that row's lease ends at the latest.
 ///
 /// While nobody of this Locker waits in `queue`, the first attempt is made before joining
 /// it: the rows these attempts take are many (permits, readers), so callers that find
@@ -356,11 +356,12 @@ where
 }
 
 /// The waiting loop. A waiter whose turn it is attempts; after a lost attempt it asks the
-/// holder's release to wake it (`NotifySql::note_waiter`: a listener hears releases
-/// elsewhere on PostgreSQL, and releases through this Locker wake it on every backend),
-/// then sleeps until the holder's lease ends or its backoff runs out, whichever is sooner:
-/// the fallback when no wake-up comes. A waiter whose turn came because the one ahead won
-/// waits for that release, without an attempt that must fail. A zero wait is one attempt.
+/// holder's release to wake it (`NotifySql::note_waiter_in`: a listener hears releases
+/// elsewhere on PostgreSQL and SQLite, and releases through this Locker wake it on every
+/// backend), then sleeps until the holder's lease ends or its backoff runs out, whichever
+/// is sooner: the fallback when no wake-up comes. A waiter whose turn came because the one
+/// ahead won waits for that release, without an attempt that must fail. A zero wait is
+/// one attempt.
 /// While it sleeps, a waiter with an `offer` that may attempt stands it (see
 /// [`wait_for`]); it withdraws it when it wakes, and wins with the lease a release sent if
 /// that release took it first.
@@ -406,7 +407,7 @@ where
                 break;
             }
             place.lost().await?;
-            match pacing.after_loss(core, note).await {
+            match pacing.after_loss(core, note, key).await {
                 AfterLoss::TryAgain => continue,
                 AfterLoss::Sleep(pause) => pause,
                 AfterLoss::GiveUp => break,
@@ -537,15 +538,21 @@ impl Pacing {
     /// long the holder's lease has left, then says how long to sleep: the backoff's next
     /// pause, or until the lease ends (plus a little jitter, so that waiters of several
     /// processes do not all arrive at that instant) if that is sooner. A key found free is
-    /// tried again at once (not twice in a row).
-    async fn after_loss<DB: Backend>(&mut self, core: &Core<DB>, key: &str) -> AfterLoss {
+    /// tried again at once (not twice in a row). `key` is the row waited for, `queue` the
+    /// waiter's local queue (the same key, or a primitive's group).
+    async fn after_loss<DB: Backend>(
+        &mut self,
+        core: &Core<DB>,
+        key: &str,
+        queue: &str,
+    ) -> AfterLoss {
         let Some(pause) = self.backoff.next_pause() else {
             return AfterLoss::GiveUp;
         };
         // Only useful if a release can wake us; the listener is started by the first
         // waiter that has to sleep, and wakes every head once it is up.
         core.start_listener();
-        let noted = by_deadline(self.deadline, core.table.note_waiter(key)).await;
+        let noted = by_deadline(self.deadline, core.table.note_waiter_in(key, queue)).await;
         // With the listener up, the release wakes this waiter: the sleep is only the
         // fallback for a notification lost on the way, so take the policy's longest.
         let pause = match noted {

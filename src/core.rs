@@ -28,7 +28,7 @@ pub(crate) struct Core<DB: Backend> {
     pub(crate) retry: RetryPolicy,
     /// This Locker's waiters, by key.
     pub(crate) queues: Arc<LocalQueues>,
-    /// The listener that hears releases of other processes (PostgreSQL).
+    /// The listener that hears releases of other processes (PostgreSQL, SQLite).
     pub(crate) wakeups: Arc<Wakeups<DB>>,
     /// Fair mode: the tickets of this Locker's waiters.
     pub(crate) tickets: Option<Arc<Tickets>>,

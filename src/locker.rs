@@ -294,12 +294,14 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
-    /// Whether waiters are woken by releases in other processes (PostgreSQL only: one
-    /// `LISTEN` connection per Locker, opened when a waiter first has to sleep, outside
-    /// the pool). Default: `true`. Without it, or on MySQL/MariaDB and SQLite, a waiter
-    /// whose lock is held elsewhere sleeps until the holder's lease ends or its backoff
-    /// runs out, whichever is sooner; releases through the same Locker wake its waiters
-    /// at once either way.
+    /// Whether waiters are woken by releases in other processes: one connection per
+    /// Locker, outside the pool, opened when a waiter first has to sleep (PostgreSQL:
+    /// `LISTEN`; SQLite on a database file: a connection that notices other connections'
+    /// commits every few milliseconds while the Locker has waiters, see the README's
+    /// "Waiting"). Default: `true`. Without it, or on MySQL/MariaDB and an in-memory
+    /// SQLite database, a waiter whose lock is held elsewhere sleeps until the holder's
+    /// lease ends or its backoff runs out, whichever is sooner; releases through the same
+    /// Locker wake its waiters at once either way.
     ///
     /// The listener connects where the pool does, unless
     /// [`listener_options`](LockerBuilder::listener_options) says otherwise, and only if
@@ -619,10 +621,11 @@ impl<DB: Backend> Locker<DB> {
         self.core.queues.waiting(key)
     }
 
-    /// Whether this locker's release listener is up (PostgreSQL; see
+    /// Whether this locker's release listener is up (PostgreSQL, SQLite on a file; see
     /// [`LockerBuilder::listen`]): releases in other processes then wake its waiters at
     /// once. `false` until a waiter first has to sleep, while the listener reconnects,
-    /// and always on MySQL/MariaDB, SQLite, or behind a transaction pooler.
+    /// and always on MySQL/MariaDB, an in-memory SQLite database, or behind a
+    /// transaction pooler.
     pub fn listening(&self) -> bool {
         self.core.listening()
     }

@@ -62,10 +62,10 @@ pub struct Stats {
     /// the waiter sent no attempt for it.
     pub handoffs: u64,
     /// Releases in other processes (or other Lockers) that the listener heard and that
-    /// woke a waiter of this locker (PostgreSQL).
+    /// woke a waiter of this locker (PostgreSQL, SQLite on a file).
     pub wakeups: u64,
-    /// Times the release listener connected (PostgreSQL): 1 once it is up, more after
-    /// it lost its connection and opened it again.
+    /// Times the release listener connected (PostgreSQL, SQLite on a file): 1 once it
+    /// is up, more after it lost its connection and opened it again.
     pub listener_connects: u64,
     /// Acquisitions (and handoffs) whose answer came at or after their lease's local
     /// deadline ([`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin)): no

@@ -14,7 +14,7 @@ async fn in_memory_database_works() {
         .await
         .unwrap();
     let locker = dblock::Locker::new(pool.clone());
-    assert_eq!(locker.migrate().await.unwrap(), 2);
+    assert_eq!(locker.migrate().await.unwrap(), 3);
     let guard = locker
         .try_acquire("mem", Duration::from_secs(30))
         .await
@@ -116,4 +116,69 @@ async fn a_stalled_write_lock_bounds_every_write() {
         .await
         .unwrap();
     locker.shutdown().await;
+}
+
+/// A waiter that loses again and again against one row leaves its mark once: neither its
+/// lost attempts nor its mark, once made, write to the database again (each write would
+/// make every other Locker's listener, which notices any commit, read the marks again).
+/// Counted by triggers of the test's own on the lock table and the marks table; the
+/// waiter's Locker listens, as any does once a waiter sleeps, and its pauses are 1-2 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_keeps_losing_writes_its_mark_once() {
+    use std::time::Duration;
+
+    use common::TestBackend;
+
+    let Some(db) = common::TestDb::<dblock::Sqlite>::open().await else {
+        return;
+    };
+    let t = &db.table;
+    let mut counting = vec![
+        format!("CREATE TABLE {t}_writes (n INTEGER NOT NULL)"),
+        format!("INSERT INTO {t}_writes (n) VALUES (0)"),
+    ];
+    for table in [t.clone(), format!("{t}_waiter")] {
+        for event in ["INSERT", "UPDATE", "DELETE"] {
+            counting.push(format!(
+                "CREATE TRIGGER {table}_{event}_counted AFTER {event} ON {table}
+                 BEGIN UPDATE {t}_writes SET n = n + 1; END"
+            ));
+        }
+    }
+    for sql in counting {
+        dblock::Sqlite::exec(&db.pool, sql, vec![]).await.unwrap();
+    }
+    let writes = async || {
+        let sql = format!("SELECT n FROM {t}_writes");
+        dblock::Sqlite::fetch_i64(&db.pool, sql, vec![])
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let lease = Duration::from_secs(30);
+    let holder = db.locker.try_acquire("busy", lease).await.unwrap().unwrap();
+    let waiter = dblock::Locker::builder(db.another_pool().await)
+        .table(t)
+        .auto_renew(false)
+        .retry(dblock::RetryPolicy {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+        })
+        .build()
+        .unwrap();
+    let before = writes().await;
+    // Shorter than half a mark's life (a second): no refresh falls in it.
+    let waited = waiter
+        .acquire("busy", lease, Duration::from_millis(400))
+        .await;
+    assert!(
+        matches!(waited, Err(dblock::Error::Timeout { .. })),
+        "{waited:?}"
+    );
+    let (attempts, written) = (waiter.stats().attempts, writes().await - before);
+    eprintln!("{attempts} lost attempts, {written} writes");
+    assert!(attempts >= 20, "only {attempts} attempts");
+    assert_eq!(written, 1, "the mark, once, after {attempts} lost attempts");
+    holder.release().await.unwrap();
+    waiter.shutdown().await;
 }

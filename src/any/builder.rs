@@ -159,7 +159,7 @@ impl AnyLockerBuilder {
         self
     }
 
-    /// [`LockerBuilder::listen`](crate::LockerBuilder::listen) (PostgreSQL only).
+    /// [`LockerBuilder::listen`](crate::LockerBuilder::listen) (PostgreSQL, SQLite).
     pub fn listen(mut self, on: bool) -> Self {
         self.listen = Some(on);
         self

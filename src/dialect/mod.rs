@@ -417,7 +417,8 @@ pub trait TicketSql: Dialect {
 /// Waking waiters: the mark a waiter leaves, and the listener that hears releases.
 #[doc(hidden)]
 pub trait NotifySql: Dialect {
-    /// Whether deleting a row a waiter marked notifies a listener ([`NotifySql::listen`]).
+    /// Whether a listener ([`NotifySql::listen`]) learns that a row a waiter marked was
+    /// deleted: PostgreSQL's `NOTIFY`, SQLite's listener noticing the commit.
     const NOTIFIES: bool = false;
 
     /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL
@@ -430,10 +431,27 @@ pub trait NotifySql: Dialect {
         key: &str,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
+    /// [`note_waiter`](Self::note_waiter) for a waiter of the local queue `queue` (the
+    /// key, or a primitive's group, see `Waiting`) of the Locker numbered `waiter`.
+    /// Where the mark is the Locker's rather than the row's (SQLite: one per queue and
+    /// Locker, which tells a release that another process waits, and which its listener
+    /// reads), it is left on `queue`. By default the row's mark, as `note_waiter`.
+    fn note_waiter_in(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+        queue: &str,
+        waiter: i64,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send {
+        let _ = (queue, waiter);
+        Self::note_waiter(conn, sql, key)
+    }
+
     /// Opens a connection of its own that hears the releases of `table` (PostgreSQL
-    /// `LISTEN`). `Ok(None)` when the backend has no notifications (MySQL, SQLite), or
-    /// when the connection turns out not to be a session of its own (a transaction
-    /// pooler in between): then waiters poll.
+    /// `LISTEN`; SQLite: a connection to the same file that notices other connections'
+    /// commits and reads the Locker's marks). `Ok(None)` when the backend has no listener
+    /// (MySQL, an in-memory SQLite database), or when the connection turns out not to be
+    /// a session of its own (a transaction pooler in between): then waiters poll.
     fn listen(
         _options: ListenerOptions<Self>,
         _table: &str,
@@ -465,6 +483,10 @@ pub trait MigrateSql: Database {
 
     /// Every column of the lock table dblock reads or writes.
     const COLUMNS: &'static str = "lock_key, lock_value, expire_time, fencing_token, acquired_at";
+
+    /// The tables this dialect's migrations add beside the lock table and its ticket
+    /// table, as `(suffix of the lock table's name, the columns dblock uses)`.
+    const MORE_TABLES: &'static [(&'static str, &'static str)] = &[];
 
     /// Serializes migration runs across processes, on this connection.
     fn lock_migrations(

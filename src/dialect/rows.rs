@@ -291,6 +291,10 @@ pub struct ListenerOptions<DB: Database> {
     /// The keys this Locker's waiters wait for now: a listener that has to ask about
     /// keys (it hears no notifications of the whole table) asks about these.
     pub waiting: std::sync::Arc<dyn Waiting>,
+    /// The Locker's number in the marks its waiters leave
+    /// ([`NotifySql::note_waiter_in`](super::NotifySql::note_waiter_in)): a listener
+    /// that reads marks (SQLite) reads its own.
+    pub waiter: i64,
 }
 
 /// The keys a Locker's waiters wait for, as its listener sees them: the keys of its
