@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::config::{RetryPolicy, WAIT_SLACK};
 use crate::core::Core;
@@ -335,7 +335,10 @@ where
 ///
 /// While nobody of this Locker waits in `queue`, the first attempt is made before joining
 /// it: the rows these attempts take are many (permits, readers), so callers that find
-/// one free need not take turns, and nobody is passed who was waiting.
+/// one free need not take turns, and nobody is passed who was waiting. Not while a release
+/// through this Locker holds the queue back for a waiter elsewhere (see
+/// [`LocalQueues::hold_back`](crate::queue::LocalQueues::hold_back)): that one would be
+/// passed.
 pub(crate) async fn wait_in_queue<DB: Backend, F>(
     core: &Core<DB>,
     queue: &str,
@@ -348,6 +351,7 @@ where
 {
     if !wait.is_zero()
         && core.queues.waiting(queue) == 0
+        && core.queues.held_back(queue).is_none()
         && let Some(won) = attempt(None).await?
     {
         return Ok(won);
@@ -390,6 +394,18 @@ where
     loop {
         let turn = place.may_attempt();
         let pause = if (turn && try_now) || (wait.is_zero() && attempts == 0) {
+            // A release through this Locker left the key to a waiter of another Locker
+            // (SQLite, `LocalQueues::hold_back`): this waiter tries once this Locker's
+            // listener has looked at the table since, as the other one's does, so that
+            // the two start even (or after a moment at most).
+            if !wait.is_zero()
+                && let Some(until) = core.queues.held_back(key)
+            {
+                tokio::select! {
+                    _ = place.signalled() => {}
+                    _ = sleep_until(until.min(deadline)) => {}
+                }
+            }
             attempts += 1;
             let ticket = place.ticket().await?;
             // Each attempt within the wait plus a little: one sent just before the wait

@@ -62,7 +62,8 @@ pub struct Stats {
     /// the waiter sent no attempt for it.
     pub handoffs: u64,
     /// Releases in other processes (or other Lockers) that the listener heard and that
-    /// woke a waiter of this locker (PostgreSQL, SQLite on a file).
+    /// woke a waiter of this locker (PostgreSQL, SQLite on a file). On SQLite also a
+    /// release through this locker that it left to a waiter of another process first.
     pub wakeups: u64,
     /// Times the release listener connected (PostgreSQL, SQLite on a file): 1 once it
     /// is up, more after it lost its connection and opened it again.

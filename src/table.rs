@@ -769,6 +769,20 @@ impl<DB: Backend> LockTable<DB> {
             .await
     }
 
+    /// [`release`](Self::release), saying also whether a waiter of another Locker marked
+    /// the key ([`LockSql::release_marked`]): `Some((expired, marked))`.
+    pub(crate) async fn release_marked(
+        &self,
+        id: LockId<'_>,
+        until: Instant,
+    ) -> Result<Option<(bool, bool)>> {
+        self.contended_until(
+            until,
+            pooled!(|conn| DB::release_marked(conn, &self.sql, id, self.waiter)),
+        )
+        .await
+    }
+
     /// Whether a release may hand its row to a waiter in one statement
     /// ([`hand_off`](Self::hand_off)) on this backend.
     pub(crate) fn hands_off(&self) -> bool {

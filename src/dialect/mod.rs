@@ -172,6 +172,26 @@ pub trait LockSql: Dialect {
         lock: LockId<'_>,
     ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send;
 
+    /// [`release`](Self::release) for the lease engine, saying also whether a waiter of
+    /// another Locker (not `waiter`, the releasing Locker's number) waits for the key: it
+    /// marked it ([`NotifySql::note_waiter_in`]) and learns of releases only through its
+    /// listener, a moment later. `Some((expired, marked))`; the releasing Locker then
+    /// leaves the key to that waiter first ([`NotifySql::YIELD_FOR`]). Never marked by
+    /// default: PostgreSQL's release notifies the waiter itself (see
+    /// [`hand_off`](Self::hand_off)), and MySQL has no listener.
+    fn release_marked(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        lock: LockId<'_>,
+        waiter: i64,
+    ) -> impl Future<Output = Result<Option<(bool, bool)>, sqlx::Error>> + Send {
+        let _ = waiter;
+        async move {
+            let expired = Self::release(conn, sql, lock).await?;
+            Ok(expired.map(|expired| (expired, false)))
+        }
+    }
+
     /// Whether [`hand_off`](Self::hand_off) is this dialect's (PostgreSQL): a release
     /// may then give its row to the next waiter of its Locker in one statement.
     const HANDS_OFF: bool = false;
@@ -420,6 +440,13 @@ pub trait NotifySql: Dialect {
     /// Whether a listener ([`NotifySql::listen`]) learns that a row a waiter marked was
     /// deleted: PostgreSQL's `NOTIFY`, SQLite's listener noticing the commit.
     const NOTIFIES: bool = false;
+
+    /// How long a Locker whose release found the key marked by a waiter of another Locker
+    /// ([`LockSql::release_marked`]) keeps its own waiters of that key from attempting,
+    /// unless its listener tells them of the release sooner: time for the other Locker's
+    /// listener to notice it (SQLite's polls every few milliseconds). Zero where no
+    /// release reports marks.
+    const YIELD_FOR: Duration = Duration::ZERO;
 
     /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL
     /// marks the row, and deleting a marked row notifies) and reads how long the holder's

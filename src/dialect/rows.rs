@@ -307,6 +307,14 @@ pub trait Waiting: Send + Sync {
     /// Completes when a waiter may have joined a queue since the last call (it may
     /// also complete spuriously): a listener with nothing to listen for sleeps on this.
     fn joined(&self) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+
+    /// A listener that looks at the table from time to time (SQLite's) has seen every
+    /// commit made before `at`: waiters held back for a release committed before then
+    /// (so that waiters of other Lockers, whose listeners look as often, could see it
+    /// free first) may try now.
+    fn looked(&self, at: tokio::time::Instant) {
+        let _ = at;
+    }
 }
 
 /// A release a listener heard: the row of `key` with `fencing_token` was deleted.

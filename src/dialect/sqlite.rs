@@ -14,6 +14,7 @@
 //! `{table}_waiter`, which deleting a row pokes (migration V3).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqliteConnection};
@@ -32,6 +33,7 @@ statements! { sqlite_sql;
     read_keys: READ_KEYS,
     live_member: LIVE_MEMBER,
     mark: MARK,
+    release_marked: RELEASE_MARKED,
 }
 
 /// A lease (or a minimum hold) as SQLite takes it: a date modifier.
@@ -75,6 +77,17 @@ RETURNING fencing_token, expire_time";
 const RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
 RETURNING expire_time <= {now}";
+
+// The lease engine's release (`LockSql::release_marked`): RELEASE, and whether a live mark
+// of another Locker (not ?4) is on the key or its group (see V3__waiters.sql), whose
+// waiters then go first. Read in the DELETE's own step (the marks stay: the trigger only
+// pokes them), so no extra statement when nobody waits.
+const RELEASE_MARKED: &str = "\
+DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
+RETURNING expire_time <= {now},
+          EXISTS (SELECT 1 FROM {table}_waiter
+                   WHERE lock_key IN (?1, rtrim(?1, replace(?1, '~', '')))
+                     AND waiter <> ?4 AND expire_time > {now})";
 
 // The batched release of the lease engine: the batch's rows are found through the
 // primary key (the join is driven by the JSON array), each still owner- and
@@ -217,6 +230,14 @@ const PURGE_MARKS: &str = "DELETE FROM {table}_waiter WHERE expire_time <= {now}
 const MARK_UNTIL: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 seconds')";
 const MARK_FRESH: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', '+0.5 seconds')";
 
+/// How long a Locker whose release found a mark of another Locker keeps its own waiters of
+/// that key back, unless its listener hears the release sooner (see
+/// [`NotifySql::YIELD_FOR`]): the other Locker's listener looks every 1.5 to 4.5 ms
+/// (`listener.rs`), and its waiter's attempt takes a millisecond or so; the rest is room
+/// for a busy machine. The wait ends with the yielding Locker's own listener's next look
+/// whenever it has waiters of the key itself, so that both start even.
+const YIELD_FOR: Duration = Duration::from_millis(15);
+
 /// The file behind the `main` database, empty for an in-memory one.
 const MAIN_FILE: &str = "SELECT file FROM pragma_database_list WHERE name = 'main'";
 
@@ -296,6 +317,21 @@ impl LockSql for Sqlite {
         returning_acquire!(conn, sql, key, owner, lease_micros)
     }
 
+    async fn release_marked(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        lock: LockId<'_>,
+        waiter: i64,
+    ) -> Result<Option<(bool, bool)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.release_marked))
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .bind(waiter)
+            .fetch_optional(conn)
+            .await
+    }
+
     async fn release_batch(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -354,6 +390,7 @@ impl TicketSql for Sqlite {
 
 impl NotifySql for Sqlite {
     const NOTIFIES: bool = true;
+    const YIELD_FOR: Duration = YIELD_FOR;
 
     /// Only reads what the holder's lease has left: a mark names its Locker, and dblock's
     /// waiters leave theirs through `note_waiter_in`.

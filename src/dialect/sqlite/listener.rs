@@ -152,7 +152,12 @@ impl Releases for Listener {
                     continue;
                 }
                 sleep(pause()).await;
+                let at = Instant::now();
                 self.look().await?;
+                // Every commit before `at` is seen now, whether it poked a mark of ours
+                // or not: a release this Locker yielded to another is as visible to its
+                // own waiters as to the other Locker's (see `Waiting::looked`).
+                self.waiting.looked(at);
             }
         })
     }
