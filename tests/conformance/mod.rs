@@ -22,6 +22,7 @@ mod queue;
 mod racing;
 mod rwlock;
 mod schedule;
+mod shares;
 mod stuck_fence;
 mod waiting;
 mod wakeups;
@@ -48,6 +49,7 @@ pub use queue::*;
 pub use racing::*;
 pub use rwlock::*;
 pub use schedule::*;
+pub use shares::*;
 pub use stuck_fence::*;
 pub use waiting::*;
 pub use wakeups::*;
@@ -149,6 +151,8 @@ macro_rules! conformance_suite {
             an_answer_after_the_deadline_makes_no_guard,
             one_stuck_fenced_transaction_costs_one_lease,
             a_hammered_key_stays_renewed,
+            hot_key_grants_are_shared_across_lockers,
+            semaphore_permits_are_shared_across_lockers,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
