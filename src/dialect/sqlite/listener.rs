@@ -10,7 +10,10 @@
 //!
 //! It writes only to keep its marks: while its Locker waits it reads them at least every
 //! quarter second, refreshes those of keys still waited for that are past half their
-//! life, and then deletes every expired mark (of Lockers that stopped or died).
+//! life, and then deletes every expired mark (of Lockers that stopped or died). Those
+//! writes wait for SQLite's write lock briefly ([`BUSY_WAIT`]) and are tried again at the
+//! next read when they could not have it: a listener stuck in the busy handler behind a
+//! stream of writers would stop looking, and its Locker's waiters would hear nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,8 +34,12 @@ const TICK_SPREAD: Duration = Duration::from_millis(3);
 
 /// The marks are read at least this often while the Locker waits, commits or not, so
 /// that those of keys still waited for are refreshed before they expire (after a second,
-/// `MARK_UNTIL`).
+/// `MARK_UNTIL`): a mark found past half its life is tried twice at least.
 const REFRESH_EVERY: Duration = Duration::from_millis(250);
+
+/// The listener connection's busy timeout: reads of a WAL database never wait for the
+/// write lock, and the refresh gives up after this (sqlx's default is five seconds).
+const BUSY_WAIT: &str = "PRAGMA busy_timeout = 10";
 
 /// Opens the listener of the Locker numbered `listener.waiter` on `table`: `None` for an
 /// in-memory database, which lives in this process only (every Locker on it is here, and
@@ -49,6 +56,7 @@ pub(super) async fn open(
         conn.close().await.ok();
         return Ok(None);
     }
+    sqlx::query(BUSY_WAIT).execute(&mut conn).await?;
     Ok(Some(Box::new(Listener {
         conn,
         waiting: listener.waiting,
@@ -118,14 +126,19 @@ impl Listener {
         self.version = Some(version);
         self.read_at = Some(Instant::now());
         if !stale.is_empty() {
-            sqlx::query(audited(&self.refresh))
+            // Not the listener's failure: another writer held the lock (SQLITE_BUSY), and
+            // the next read, a quarter second on, finds the marks stale still.
+            let refreshed = sqlx::query(audited(&self.refresh))
                 .bind(self.waiter)
                 .bind(serde_json::Value::from(stale).to_string())
                 .execute(&mut self.conn)
-                .await?;
-            sqlx::query(audited(&self.purge))
-                .execute(&mut self.conn)
-                .await?;
+                .await;
+            if refreshed.is_ok() {
+                sqlx::query(audited(&self.purge))
+                    .execute(&mut self.conn)
+                    .await
+                    .ok();
+            }
         }
         Ok(())
     }
