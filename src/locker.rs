@@ -656,7 +656,8 @@ impl<DB: Backend> Locker<DB> {
     /// later dblock version may add scripts, which its release notes list. The scripts
     /// create the lock table, `<table>_ticket` (fair mode), and per backend a fencing
     /// sequence (`<table>_fencing_seq`, PostgreSQL), a counter table and triggers
-    /// (`<table>_fencing`, MySQL/MariaDB and SQLite), and for a relaxed table
+    /// (`<table>_fencing`, MySQL/MariaDB and SQLite), on SQLite the waiters' marks
+    /// (`<table>_waiter`) and their trigger, and for a relaxed table
     /// `<table>_epoch` and `<table>_new_epoch()`; `migrate` itself
     /// also keeps refinery's history in `<table>_history` (and on MySQL a
     /// `<table>_migrating` claim table), which an external tool does not need.
