@@ -209,7 +209,7 @@ VALUES (?2, ?3,
         {mark_until})
 ON CONFLICT (lock_key, waiter) DO UPDATE
    SET fencing_token = excluded.fencing_token, expire_time = excluded.expire_time
-RETURNING fencing_token <> 0";
+RETURNING EXISTS (SELECT 1 FROM {table} WHERE lock_key = ?1 AND expire_time > {now})";
 
 // The listener's statements (`listener.rs`): its Locker's marks, with their pokes, the
 // token of the last row released, and whether each has at least half its life left; the
