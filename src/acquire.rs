@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedMutexGuard, oneshot};
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::config::{RetryPolicy, WAIT_SLACK};
 use crate::core::Core;
@@ -341,12 +341,15 @@ where
 /// semaphore, a read-write lock or several keys, whose queue is not one row's (fair
 /// mode's tickets order the waiters of one row), and whose `attempt` tries several rows.
 /// After a lost attempt the waiter marks the row `note` (the row whose release it waits
-/// for: a reader, the writer's) so that its release wakes it on PostgreSQL, and sleeps
-/// until that row's lease ends at the latest.
+/// for: a reader, the writer's) so that its release wakes it on PostgreSQL and SQLite,
+/// and sleeps until that row's lease ends at the latest.
 ///
 /// While nobody of this Locker waits in `queue`, the first attempt is made before joining
 /// it: the rows these attempts take are many (permits, readers), so callers that find
-/// one free need not take turns, and nobody is passed who was waiting.
+/// one free need not take turns, and nobody is passed who was waiting. Not while a release
+/// through this Locker holds the queue back for a waiter elsewhere (see
+/// [`LocalQueues::hold_back`](crate::queue::LocalQueues::hold_back)): that one would be
+/// passed.
 pub(crate) async fn wait_in_queue<DB: Backend, F>(
     core: &Core<DB>,
     queue: &str,
@@ -359,6 +362,7 @@ where
 {
     if !wait.is_zero()
         && core.queues.waiting(queue) == 0
+        && core.queues.held_back(queue).is_none()
         && let Some(won) = attempt(None).await?
     {
         return Ok(won);
@@ -367,11 +371,12 @@ where
 }
 
 /// The waiting loop. A waiter whose turn it is attempts; after a lost attempt it asks the
-/// holder's release to wake it (`NotifySql::note_waiter`: a listener hears releases
-/// elsewhere on PostgreSQL, and releases through this Locker wake it on every backend),
-/// then sleeps until the holder's lease ends or its backoff runs out, whichever is sooner:
-/// the fallback when no wake-up comes. A waiter whose turn came because the one ahead won
-/// waits for that release, without an attempt that must fail. A zero wait is one attempt.
+/// holder's release to wake it (`NotifySql::note_waiter_in`: a listener hears releases
+/// elsewhere on PostgreSQL and SQLite, and releases through this Locker wake it on every
+/// backend), then sleeps until the holder's lease ends or its backoff runs out, whichever
+/// is sooner: the fallback when no wake-up comes. A waiter whose turn came because the one
+/// ahead won waits for that release, without an attempt that must fail. A zero wait is
+/// one attempt.
 /// While it sleeps, a waiter with an `offer` that may attempt stands it (see
 /// [`wait_for`]); it withdraws it when it wakes, and wins with the lease a release sent if
 /// that release took it first.
@@ -400,6 +405,18 @@ where
     loop {
         let turn = place.may_attempt();
         let pause = if (turn && try_now) || (wait.is_zero() && attempts == 0) {
+            // A release through this Locker left the key to a waiter of another Locker
+            // (SQLite, `LocalQueues::hold_back`): this waiter tries once this Locker's
+            // listener has looked at the table since, as the other one's does, so that
+            // the two start even (or after a moment at most).
+            if !wait.is_zero()
+                && let Some(until) = core.queues.held_back(key)
+            {
+                tokio::select! {
+                    _ = place.signalled() => {}
+                    _ = sleep_until(until.min(deadline)) => {}
+                }
+            }
             attempts += 1;
             let ticket = place.ticket().await?;
             // Each attempt within the wait plus a little: one sent just before the wait
@@ -555,6 +572,7 @@ impl Pacing {
     /// long to sleep: the backoff's next pause, or until the lease ends (plus a little
     /// jitter, so that waiters of several processes do not all arrive at that instant) if
     /// that is sooner. A key found free is tried again at once (not twice in a row).
+    /// `queue` is the waiter's local queue (the same key, or a primitive's group).
     async fn after_loss<DB: Backend>(
         &mut self,
         core: &Core<DB>,
@@ -567,7 +585,7 @@ impl Pacing {
         // Only useful if a release can wake us; the listener is started by the first
         // waiter that has to sleep, and wakes every head once it is up.
         core.start_listener();
-        let noted = by_deadline(self.deadline, core.table.note_waiter(key)).await;
+        let noted = by_deadline(self.deadline, core.table.note_waiter_in(key, queue)).await;
         // With the listener up (and, for bells, hearing this queue's rows), the release
         // wakes this waiter: the sleep is only the fallback for a wake-up lost on the way,
         // so take the policy's longest.

@@ -30,7 +30,7 @@ pub(crate) struct Core<DB: Backend> {
     /// This Locker's waiters, by key.
     pub(crate) queues: Arc<LocalQueues>,
     /// The listener that hears releases of other processes (PostgreSQL's `NOTIFY`,
-    /// MySQL/MariaDB's bells).
+    /// SQLite's look at the file, MySQL/MariaDB's bells).
     pub(crate) wakeups: Arc<Wakeups<DB>>,
     /// The stand-asides of this Locker's resigned leaders.
     pub(crate) stand_asides: StandAsides,

@@ -294,16 +294,18 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
-    /// Whether waiters are woken by releases in other processes: on PostgreSQL one
-    /// `LISTEN` connection per Locker; on MySQL/MariaDB a *bell* listener (one connection
-    /// that registers the keys its waiters wait for, and up to four blocked in the server
-    /// on the named locks of the rows they wait for; see the README's "Waiting"). Opened
-    /// when a waiter first has to sleep, outside the pool. Default: `true`. Without it (or
-    /// on SQLite, MariaDB Galera, or for a MySQL/MariaDB hold whose holder took no bell),
-    /// a waiter whose lock is held elsewhere sleeps until the holder's lease ends or its
-    /// backoff runs out, whichever is sooner; releases through the same Locker wake its
-    /// waiters either way. A Locker without a listener still rings bells for the waiters
-    /// of other processes.
+    /// Whether waiters are woken by releases in other processes, by a listener opened when
+    /// a waiter first has to sleep, outside the pool: on PostgreSQL one `LISTEN`
+    /// connection per Locker; on SQLite on a database file one connection that notices
+    /// other connections' commits every few milliseconds while the Locker has waiters; on
+    /// MySQL/MariaDB a *bell* listener (one connection that registers the keys its waiters
+    /// wait for, and up to four blocked in the server on the named locks of the rows they
+    /// wait for). See the README's "Waiting". Default: `true`. Without it (or on an
+    /// in-memory SQLite database, MariaDB Galera, or for a MySQL/MariaDB hold whose holder
+    /// took no bell), a waiter whose lock is held elsewhere sleeps until the holder's lease
+    /// ends or its backoff runs out, whichever is sooner; releases through the same Locker
+    /// wake its waiters either way. A Locker without a listener still rings bells for the
+    /// waiters of other processes.
     ///
     /// The listener connects where the pool does, unless
     /// [`listener_options`](LockerBuilder::listener_options) says otherwise, and only if
@@ -630,7 +632,8 @@ impl<DB: Backend> Locker<DB> {
     /// the bells of every row its waiters wait for (it does not for a holder that took
     /// no bell: one that took the key before anyone waited, or a plain-SQL client).
     /// `false` until a waiter first has to sleep, while the listener reconnects, and
-    /// always on SQLite, MariaDB Galera, or behind a transaction pooler.
+    /// always on an in-memory SQLite database, MariaDB Galera, or behind a transaction
+    /// pooler.
     pub fn listening(&self) -> bool {
         self.core.listening()
     }
@@ -661,7 +664,8 @@ impl<DB: Backend> Locker<DB> {
     /// later dblock version may add scripts, which its release notes list. The scripts
     /// create the lock table, `<table>_ticket` (fair mode), and per backend a fencing
     /// sequence (`<table>_fencing_seq`, PostgreSQL), a counter table and triggers
-    /// (`<table>_fencing`, MySQL/MariaDB and SQLite), and for a relaxed table
+    /// (`<table>_fencing`, MySQL/MariaDB and SQLite), on SQLite the waiters' marks
+    /// (`<table>_waiter`) and their trigger, and for a relaxed table
     /// `<table>_epoch` and `<table>_new_epoch()`; `migrate` itself
     /// also keeps refinery's history in `<table>_history` (and on MySQL a
     /// `<table>_migrating` claim table), which an external tool does not need.

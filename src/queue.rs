@@ -11,12 +11,20 @@
 //! that process (so local waiters never pass another process that waits). The local head
 //! then waits for that release's notification too, through this Locker's listener, so
 //! that it does not start ahead of the other process's waiter.
+//!
+//! On SQLite a release through this Locker that finds the key marked by a waiter of
+//! another Locker holds this Locker's waiters of it back (`hold_back`): they attempt only
+//! once this Locker's listener has looked at the table after the release (it looks every
+//! few milliseconds, at random moments, as the other Locker's does), or after a moment
+//! at the latest, so that neither the next local waiter nor a caller who just arrived
+//! takes the key before the other process's waiter could even see it free.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 
 use crate::dialect::Waiting;
 use crate::error::Result;
@@ -26,6 +34,21 @@ use crate::metrics::{self, TableMetrics};
 
 // Where the group mark is defined: a leaf, so that the dialects can name groups too.
 pub(crate) use crate::config::{GROUP_MARK, group_of};
+
+/// A hold-back of the waiters of a key (see [`LocalQueues::hold_back`]).
+struct Held {
+    key: String,
+    /// When the release that caused it had committed.
+    since: Instant,
+    /// When it ends at the latest.
+    until: Instant,
+}
+
+/// Whether a hold-back of the key `held` keeps the waiters of the queue `queue` back: the
+/// key's own queue, and its group's.
+fn holds(queue: &str, held: &str) -> bool {
+    held == queue || group_of(held) == Some(queue)
+}
 
 /// The queues of one Locker, by key.
 pub(crate) struct LocalQueues {
@@ -43,6 +66,12 @@ pub(crate) struct LocalQueues {
     /// The queues whose rows' releases the listener hears, with those rows (bells: see
     /// `Waiting::hearing`). Taken after `keys` where both are.
     hearing: Mutex<HashMap<String, Vec<String>>>,
+    /// Keys whose waiters hold back ([`hold_back`](Self::hold_back)), each with when the
+    /// hold began and when it ends at the latest.
+    held: Mutex<Vec<Held>>,
+    /// How many entries `held` has: attempts read this instead of taking its lock while
+    /// nothing is held back (always, but on SQLite with waiters in several processes).
+    holding: AtomicUsize,
     /// The lock table's metrics (the waiters gauge).
     metrics: TableMetrics,
 }
@@ -92,6 +121,8 @@ impl LocalQueues {
             opened: Notify::new(),
             registration: AtomicU64::new(0),
             hearing: Mutex::default(),
+            held: Mutex::default(),
+            holding: AtomicUsize::new(0),
             metrics,
         }
     }
@@ -145,8 +176,10 @@ impl LocalQueues {
 
     /// `key` was released (through this Locker, or elsewhere as a listener heard): the
     /// head of its queue tries now, and the head of its group's (see [`group_of`]).
-    /// Whether anyone was waiting.
+    /// Whether anyone was waiting. Ends a hold-back of the key (see
+    /// [`hold_back`](Self::hold_back)): its waiters go now.
     pub(crate) fn released(&self, key: &str) -> bool {
+        self.end_holds(|hold| !holds(key, &hold.key));
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return false;
         }
@@ -188,6 +221,56 @@ impl LocalQueues {
         if let Some(head) = self.keys().get(group).and_then(VecDeque::front) {
             head.turn.give(false);
         }
+    }
+
+    /// A release of `key` through this Locker, committed by now, found it marked by a
+    /// waiter of another Locker, which learns of releases only through its own listener,
+    /// a moment later. Until this Locker's listener has looked at the table since
+    /// ([`Waiting::looked`]: it looks as often as the other's, so both start even), or
+    /// until `until` at the latest, this Locker's waiters of the key, and of its group,
+    /// do not attempt it, nor does a caller that arrives meanwhile
+    /// ([`held_back`](Self::held_back)): so the key goes to neither the next local waiter
+    /// nor a newcomer before the waiter elsewhere could see it free.
+    pub(crate) fn hold_back(&self, key: &str, until: Instant) {
+        let mut held = self.held();
+        let now = Instant::now();
+        held.retain(|hold| hold.until > now && hold.key != key);
+        held.push(Held {
+            key: key.to_owned(),
+            since: now,
+            until,
+        });
+        self.holding.store(held.len(), Ordering::SeqCst);
+    }
+
+    /// Until when the waiters of the queue `queue` (a key, or a group) hold back; `None`
+    /// when they need not (see [`hold_back`](Self::hold_back)).
+    pub(crate) fn held_back(&self, queue: &str) -> Option<Instant> {
+        if self.holding.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let mut held = self.held();
+        let now = Instant::now();
+        held.retain(|hold| hold.until > now);
+        self.holding.store(held.len(), Ordering::SeqCst);
+        let holds = held.iter().filter(|hold| holds(queue, &hold.key));
+        holds.map(|hold| hold.until).max()
+    }
+
+    /// Ends the hold-backs that `keep` refuses; the keys they held.
+    fn end_holds(&self, keep: impl Fn(&Held) -> bool) -> Vec<String> {
+        if self.holding.load(Ordering::SeqCst) == 0 {
+            return Vec::new();
+        }
+        let mut held = self.held();
+        let (kept, ended): (Vec<Held>, Vec<Held>) = held.drain(..).partition(keep);
+        *held = kept;
+        self.holding.store(held.len(), Ordering::SeqCst);
+        ended.into_iter().map(|hold| hold.key).collect()
+    }
+
+    fn held(&self) -> MutexGuard<'_, Vec<Held>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Every head tries now: releases may have gone unheard (a listener reconnected).
@@ -273,6 +356,12 @@ impl Waiting for LocalQueues {
             hearing.remove(queue);
         } else {
             hearing.insert(queue.to_owned(), rows.to_vec());
+        }
+    }
+
+    fn looked(&self, at: Instant) {
+        for key in self.end_holds(|hold| hold.since >= at) {
+            self.released(&key);
         }
     }
 }
@@ -414,5 +503,33 @@ mod tests {
         assert_eq!(queues.waiters.load(Ordering::SeqCst), 0);
         assert!(!queues.released("k"), "nobody waits");
         assert!(queues.keys().is_empty(), "an empty queue is removed");
+    }
+
+    #[test]
+    fn a_hold_back_covers_the_key_and_its_group_until_a_look_after_it() {
+        let queues = LocalQueues::new(TableMetrics::new("t", crate::key_label::KeyLabel::Off));
+        let before = Instant::now();
+        let until = before + std::time::Duration::from_secs(60);
+        queues.hold_back("sem~permit-1-of-3", until);
+        assert_eq!(queues.held_back("sem~permit-1-of-3"), Some(until));
+        assert_eq!(queues.held_back("sem~"), Some(until), "the group's queue");
+        assert_eq!(queues.held_back("sem~permit-2-of-3"), None);
+        assert_eq!(queues.held_back("other"), None);
+        // A look that began before the release was committed has not seen it.
+        queues.looked(before);
+        assert_eq!(queues.held_back("sem~"), Some(until));
+        queues.looked(Instant::now());
+        assert_eq!(
+            queues.held_back("sem~"),
+            None,
+            "seen by this Locker's listener"
+        );
+        // A reported release of the key (or its group) ends it as well; so does time.
+        queues.hold_back("k", until);
+        assert!(!queues.released("k"));
+        assert_eq!(queues.held_back("k"), None);
+        queues.hold_back("k", Instant::now());
+        assert_eq!(queues.held_back("k"), None, "past its end");
+        assert_eq!(queues.holding.load(Ordering::SeqCst), 0);
     }
 }

@@ -62,12 +62,13 @@ pub struct Stats {
     /// the waiter sent no attempt for it.
     pub handoffs: u64,
     /// Releases in other processes (or other Lockers) that the listener heard and that
-    /// woke a waiter of this locker (PostgreSQL's `NOTIFY`; MySQL/MariaDB's bells, which
-    /// also carry this locker's own releases of rows another process waits for, and a
-    /// wake-up when a bell can no longer be heard).
+    /// woke a waiter of this locker (PostgreSQL's `NOTIFY`; SQLite on a file; MySQL/MariaDB's
+    /// bells, which also carry this locker's own releases of rows another process waits
+    /// for, and a wake-up when a bell can no longer be heard). On SQLite also a release
+    /// through this locker that it left to a waiter of another process first.
     pub wakeups: u64,
-    /// Times the release listener connected (PostgreSQL, MySQL/MariaDB): 1 once it is
-    /// up, more after it lost its connection and opened it again.
+    /// Times the release listener connected (PostgreSQL, SQLite on a file, MySQL/MariaDB):
+    /// 1 once it is up, more after it lost its connection and opened it again.
     pub listener_connects: u64,
     /// Acquisitions (and handoffs) whose answer came at or after their lease's local
     /// deadline ([`LockerBuilder::lease_margin`](crate::LockerBuilder::lease_margin)): no

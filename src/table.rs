@@ -147,6 +147,9 @@ pub(crate) struct LockTable<DB: Backend> {
     lane: Lane<DB>,
     /// SQLite: the database's write gate in this process (see [`WriteGate`]).
     gate: Option<WriteGate>,
+    /// This table's (its Locker's) number in the marks its waiters leave, random
+    /// ([`NotifySql::note_waiter_in`]).
+    waiter: i64,
     /// Whether the server certifies writes across nodes (MariaDB Galera): asked once, at
     /// the first fence check or fair-mode start.
     certified: tokio::sync::OnceCell<bool>,
@@ -361,6 +364,7 @@ impl<DB: Backend> LockTable<DB> {
             sql: DB::statements(&name, durability),
             durability,
             gate: DB::write_gate(&pool.connect_options()),
+            waiter: fastrand::i64(1..),
             pool,
             name,
             retry,
@@ -810,6 +814,20 @@ impl<DB: Backend> LockTable<DB> {
             .await
     }
 
+    /// [`release`](Self::release), saying also whether a waiter of another Locker marked
+    /// the key ([`LockSql::release_marked`]): `Some((expired, marked))`.
+    pub(crate) async fn release_marked(
+        &self,
+        id: LockId<'_>,
+        until: Instant,
+    ) -> Result<Option<(bool, bool)>> {
+        self.contended_until(
+            until,
+            pooled!(|conn| DB::release_marked(conn, &self.sql, id, self.waiter)),
+        )
+        .await
+    }
+
     /// Whether a release may hand its row to a waiter in one statement
     /// ([`hand_off`](Self::hand_off)) on this backend.
     pub(crate) fn hands_off(&self) -> bool {
@@ -1073,14 +1091,21 @@ impl<DB: Backend> LockTable<DB> {
         .await
     }
 
-    /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL)
-    /// and reads how long the holder's lease has left by the database clock; `None` when
-    /// the key has no row.
+    /// A waiter is about to sleep: asks that the holder's release wake it and reads how
+    /// long the holder's lease has left by the database clock; `None` when the key has no
+    /// row.
     pub(crate) async fn note_waiter(&self, key: &str) -> Result<Option<Duration>> {
+        self.note_waiter_in(key, key).await
+    }
+
+    /// [`note_waiter`](Self::note_waiter) for a waiter of the local queue `queue` (the
+    /// key, or a primitive's group): SQLite marks the queue's key for this Locker
+    /// ([`NotifySql::note_waiter_in`]).
+    pub(crate) async fn note_waiter_in(&self, key: &str, queue: &str) -> Result<Option<Duration>> {
         let left = self
             .run(
                 self.bounded(),
-                pooled!(|conn| DB::note_waiter(conn, &self.sql, key)),
+                pooled!(|conn| DB::note_waiter_in(conn, &self.sql, key, queue, self.waiter)),
             )
             .await?;
         Ok(left.map(|micros| Duration::from_micros(u64::try_from(micros).unwrap_or(0))))
@@ -1244,11 +1269,13 @@ impl<DB: Backend> LockTable<DB> {
                 options: options.clone(),
                 given: true,
                 waiting,
+                waiter: self.waiter,
             },
             None => ListenerOptions {
                 options: (*self.pool.connect_options()).clone(),
                 given: false,
                 waiting,
+                waiter: self.waiter,
             },
         };
         DB::listen(listener, &self.name)

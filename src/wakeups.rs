@@ -1,15 +1,17 @@
 //! Wake-ups across processes: one listener per Locker, owned by its engine, that hears
-//! the releases of the lock table (PostgreSQL `LISTEN`; MySQL/MariaDB's bells, named
-//! locks its own sessions block on, see `dialect/mysql/bells.rs`; SQLite has neither,
-//! and its waiters poll).
+//! the releases of the lock table (PostgreSQL `LISTEN`; SQLite on a database file: a
+//! connection that notices other connections' commits and reads the marks of this
+//! Locker's waiters, `dialect/sqlite/listener.rs`; MySQL/MariaDB's bells, named locks its
+//! own sessions block on, see `dialect/mysql/bells.rs`).
 //!
-//! A waiter that lost an attempt marks the row it waits for (`note_waiter`); deleting a
-//! marked row (release, reaper) sends a notification at commit, and the listener hands
-//! the head of that key's local queue its turn at once. With bells the listener itself
-//! registers the keys its waiters wait for, and hears the release of a row whose holder
-//! saw that registration. Correctness never depends on a wake-up: every waiter still
-//! sleeps at most until the holder's known expiry or its capped backoff, so a lost one
-//! costs that fallback wait, no more.
+//! A waiter that lost an attempt marks the row it waits for (`note_waiter`; SQLite: its
+//! queue's key, for its Locker); deleting a marked row (release, reaper) sends a
+//! notification at commit (SQLite: pokes the mark), and the listener hands the head of
+//! that key's local queue its turn at once. With bells the listener itself registers the
+//! keys its waiters wait for, and hears the release of a row whose holder saw that
+//! registration. Correctness never depends on a wake-up: every waiter still sleeps at
+//! most until the holder's known expiry or its capped backoff, so a lost one costs that
+//! fallback wait, no more.
 //!
 //! The listener starts with the first waiter that has to sleep, and lives until the
 //! engine stops. A dropped connection is opened again (with a capped backoff) and every

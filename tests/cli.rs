@@ -721,7 +721,7 @@ async fn print_sql_needs_no_database() {
         ),
         (
             format!("sqlite:{}", path.display()),
-            2,
+            3,
             "CREATE TRIGGER IF NOT EXISTS locks_fence_insert",
         ),
     ];

@@ -159,7 +159,8 @@ impl AnyLockerBuilder {
         self
     }
 
-    /// [`LockerBuilder::listen`](crate::LockerBuilder::listen) (PostgreSQL and MySQL/MariaDB).
+    /// [`LockerBuilder::listen`](crate::LockerBuilder::listen) (PostgreSQL, SQLite on a
+    /// file, MySQL/MariaDB).
     pub fn listen(mut self, on: bool) -> Self {
         self.listen = Some(on);
         self

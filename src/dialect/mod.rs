@@ -172,6 +172,26 @@ pub trait LockSql: Dialect {
         lock: LockId<'_>,
     ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send;
 
+    /// [`release`](Self::release) for the lease engine, saying also whether a waiter of
+    /// another Locker (not `waiter`, the releasing Locker's number) waits for the key: it
+    /// marked it ([`NotifySql::note_waiter_in`]) and learns of releases only through its
+    /// listener, a moment later. `Some((expired, marked))`; the releasing Locker then
+    /// leaves the key to that waiter first ([`NotifySql::YIELD_FOR`]). Never marked by
+    /// default: PostgreSQL's release notifies the waiter itself (see
+    /// [`hand_off`](Self::hand_off)), and MySQL has no listener.
+    fn release_marked(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        lock: LockId<'_>,
+        waiter: i64,
+    ) -> impl Future<Output = Result<Option<(bool, bool)>, sqlx::Error>> + Send {
+        let _ = waiter;
+        async move {
+            let expired = Self::release(conn, sql, lock).await?;
+            Ok(expired.map(|expired| (expired, false)))
+        }
+    }
+
     /// Whether [`hand_off`](Self::hand_off) is this dialect's (PostgreSQL): a release
     /// may then give its row to the next waiter of its Locker in one statement.
     const HANDS_OFF: bool = false;
@@ -458,8 +478,16 @@ pub trait TicketSql: Dialect {
 /// Waking waiters: the mark a waiter leaves, and the listener that hears releases.
 #[doc(hidden)]
 pub trait NotifySql: Dialect {
-    /// Whether deleting a row a waiter marked notifies a listener ([`NotifySql::listen`]).
+    /// Whether a listener ([`NotifySql::listen`]) learns that a row a waiter marked was
+    /// deleted: PostgreSQL's `NOTIFY`, SQLite's listener noticing the commit.
     const NOTIFIES: bool = false;
+
+    /// How long a Locker whose release found the key marked by a waiter of another Locker
+    /// ([`LockSql::release_marked`]) keeps its own waiters of that key from attempting,
+    /// unless its listener tells them of the release sooner: time for the other Locker's
+    /// listener to notice it (SQLite's polls every few milliseconds). Zero where no
+    /// release reports marks.
+    const YIELD_FOR: Duration = Duration::ZERO;
 
     /// A waiter is about to sleep: asks that the holder's release wake it (PostgreSQL
     /// marks the row, and deleting a marked row notifies) and reads how long the holder's
@@ -501,11 +529,28 @@ pub trait NotifySql: Dialect {
         std::future::ready(Ok(()))
     }
 
+    /// [`note_waiter`](Self::note_waiter) for a waiter of the local queue `queue` (the
+    /// key, or a primitive's group, see `Waiting`) of the Locker numbered `waiter`.
+    /// Where the mark is the Locker's rather than the row's (SQLite: one per queue and
+    /// Locker, which tells a release that another process waits, and which its listener
+    /// reads), it is left on `queue`. By default the row's mark, as `note_waiter`.
+    fn note_waiter_in(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        key: &str,
+        queue: &str,
+        waiter: i64,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send {
+        let _ = (queue, waiter);
+        Self::note_waiter(conn, sql, key)
+    }
+
     /// Opens a connection of its own that hears the releases of `table` (PostgreSQL
-    /// `LISTEN`; MySQL/MariaDB's bells, see [`RINGS_BELLS`](Self::RINGS_BELLS)). `Ok(None)`
-    /// when the backend has neither (SQLite) or cannot use them (MariaDB Galera), or
-    /// when the connection turns out not to be a session of its own (a transaction
-    /// pooler in between): then waiters poll.
+    /// `LISTEN`; SQLite: a connection to the same file that notices other connections'
+    /// commits and reads the Locker's marks; MySQL/MariaDB's bells, see
+    /// [`RINGS_BELLS`](Self::RINGS_BELLS)). `Ok(None)` when the backend cannot (an
+    /// in-memory SQLite database, MariaDB Galera), or when the connection turns out not to
+    /// be a session of its own (a transaction pooler in between): then waiters poll.
     fn listen(
         _options: ListenerOptions<Self>,
         _table: &str,
@@ -537,6 +582,10 @@ pub trait MigrateSql: Database {
 
     /// Every column of the lock table dblock reads or writes.
     const COLUMNS: &'static str = "lock_key, lock_value, expire_time, fencing_token, acquired_at";
+
+    /// The tables this dialect's migrations add beside the lock table and its ticket
+    /// table, as `(suffix of the lock table's name, the columns dblock uses)`.
+    const MORE_TABLES: &'static [(&'static str, &'static str)] = &[];
 
     /// Serializes migration runs across processes, on this connection.
     fn lock_migrations(

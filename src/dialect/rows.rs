@@ -291,6 +291,10 @@ pub struct ListenerOptions<DB: Database> {
     /// The keys this Locker's waiters wait for now: a listener that has to ask about
     /// keys (it hears no notifications of the whole table) asks about these.
     pub waiting: std::sync::Arc<dyn Waiting>,
+    /// The Locker's number in the marks its waiters leave
+    /// ([`NotifySql::note_waiter_in`](super::NotifySql::note_waiter_in)): a listener
+    /// that reads marks (SQLite) reads its own.
+    pub waiter: i64,
 }
 
 /// The keys a Locker's waiters wait for, as its listener sees them: the keys of its
@@ -316,6 +320,14 @@ pub trait Waiting: Send + Sync {
     /// are all the live rows `queue` waits for; empty: it hears none of them, or not all
     /// (the waiters then keep their own pace).
     fn hearing(&self, _queue: &str, _rows: &[String]) {}
+
+    /// A listener that looks at the table from time to time (SQLite's) has seen every
+    /// commit made before `at`: waiters held back for a release committed before then
+    /// (so that waiters of other Lockers, whose listeners look as often, could see it
+    /// free first) may try now.
+    fn looked(&self, at: tokio::time::Instant) {
+        let _ = at;
+    }
 }
 
 /// The sessions registered as waiting for the queue of a row that an acquisition won

@@ -367,11 +367,14 @@ macro_rules! migration_io {
             conn: &'a mut <Self as sqlx::Database>::Connection,
             table: &'a str,
         ) -> Result<(), sqlx::Error> {
+            let more = Self::MORE_TABLES.iter().map(|(suffix, columns)| {
+                format!("SELECT {columns} FROM {table}{suffix} WHERE 1 = 0")
+            });
             let tables = [
                 format!("SELECT {} FROM {table} WHERE 1 = 0", Self::COLUMNS),
                 format!("SELECT ticket, lock_key, expire_time FROM {table}_ticket WHERE 1 = 0"),
             ];
-            for select in tables {
+            for select in tables.into_iter().chain(more) {
                 sqlx::query(sqlx::AssertSqlSafe(select))
                     .execute(&mut *conn)
                     .await?;

@@ -7,23 +7,33 @@
 //! the counter row and returns it; a trigger moves the counter forward in the same
 //! statement. The "database clock" is the clock of the machine running SQLite, in
 //! milliseconds.
+//!
+//! Waiters of other processes are told of releases by their Locker's listener
+//! (`listener.rs`): a connection to the same file that notices other connections'
+//! commits (`PRAGMA data_version`) and reads the marks its waiters left in
+//! `{table}_waiter`, which deleting a row pokes (migration V3).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Sqlite, SqliteConnection};
 
 use super::{
-    Acquired, Contention, Dialect, Durability, ErrorCodes, LockId, LockSql, MigrateSql, NotifySql,
-    ReleasedRow, RenewWait, Renewal, RenewedRow, RowState, RowWait, Sql, TicketSql, TxSql,
-    WriteGate, audited, batch_json, db_code, ids_json, is_unique_violation, json_list,
-    read_back_states, row_states, sql, unrenewed,
+    Acquired, Contention, Dialect, Durability, ErrorCodes, ListenerOptions, LockId, LockSql,
+    MigrateSql, NotifySql, ReleasedRow, Releases, RenewWait, Renewal, RenewedRow, RowState,
+    RowWait, Sql, TicketSql, TxSql, WriteGate, audited, batch_json, db_code, ids_json,
+    is_unique_violation, json_list, read_back_states, row_states, sql, unrenewed,
 };
+
+mod listener;
 
 statements! { sqlite_sql;
     held: HELD,
     read_keys: READ_KEYS,
     live_member: LIVE_MEMBER,
+    mark: MARK,
+    release_marked: RELEASE_MARKED,
 }
 
 /// A lease (or a minimum hold) as SQLite takes it: a date modifier.
@@ -67,6 +77,17 @@ RETURNING fencing_token, expire_time";
 const RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
 RETURNING expire_time <= {now}";
+
+// The lease engine's release (`LockSql::release_marked`): RELEASE, and whether a live mark
+// of another Locker (not ?4) is on the key or its group (see V3__waiters.sql), whose
+// waiters then go first. Read in the DELETE's own step (the marks stay: the trigger only
+// pokes them), so no extra statement when nobody waits.
+const RELEASE_MARKED: &str = "\
+DELETE FROM {table} WHERE lock_key = ?1 AND lock_value = ?2 AND fencing_token = ?3
+RETURNING expire_time <= {now},
+          EXISTS (SELECT 1 FROM {table}_waiter
+                   WHERE lock_key IN (?1, rtrim(?1, replace(?1, '~', '')))
+                     AND waiter <> ?4 AND expire_time > {now})";
 
 // The batched release of the lease engine: the batch's rows are found through the
 // primary key (the join is driven by the JSON array), each still owner- and
@@ -124,7 +145,7 @@ const LIVE_MEMBER: &str = "\
 SELECT EXISTS (SELECT 1 FROM {table}
                 WHERE lock_key >= ?1 AND lock_key < ?2 AND expire_time > {now})";
 
-// No notifications here: waiters learn of it when their pause ends.
+// The delete pokes the waiters' marks, as a release does (V3__waiters.sql's trigger).
 const FORCE_RELEASE: &str = "DELETE FROM {table} WHERE lock_key = ?1";
 
 // A job's minimum hold: the row stays until `acquired_at + ?4`, by the database clock that
@@ -155,16 +176,79 @@ const DROP_TICKETS: &str =
 
 const PURGE_TICKETS: &str = "DELETE FROM {table}_ticket WHERE expire_time < {now}";
 
-// No notifications here: a waiter only learns how long the holder's lease has left.
+// A waiter about to sleep (`NotifySql::note_waiter_in`) reads how long the holder's lease
+// of the row it waits for (?1) has left (NULL: no row), and whether its Locker (?3)
+// already marked its queue's key (?2), with at least half a mark's life left: a lock's key
+// for that very row (token 0 for none), as PostgreSQL marks rows; a group (a semaphore's
+// permits, whose rows change hands all the time) whatever row it named. Only when it has
+// not does MARK write: a waiter that loses again and again against one row writes once,
+// the other listeners, which notice every commit, are not kept reading by waiters' marks,
+// and the writers of a busy semaphore do not queue for SQLite's one write lock behind
+// marks that say nothing new.
 const NOTE_WAITER: &str = "\
-SELECT MAX(0, CAST(ROUND((julianday(expire_time) - julianday({now})) * 86400000000) AS INTEGER))
-  FROM {table} WHERE lock_key = ?1";
+SELECT t.left_micros,
+       EXISTS (SELECT 1 FROM {table}_waiter AS w
+                WHERE w.lock_key = ?2 AND w.waiter = ?3
+                  AND (?2 <> ?1 OR w.fencing_token = coalesce(t.fencing_token, 0))
+                  AND w.expire_time > {mark_fresh})
+  FROM (SELECT 1) AS one
+  LEFT JOIN (SELECT MAX(0, CAST(ROUND((julianday(expire_time) - julianday({now})) * 86400000000) AS INTEGER)) AS left_micros,
+                    fencing_token
+               FROM {table} WHERE lock_key = ?1) AS t ON 1";
+
+// The mark: the queue's key, for the row now live (0: none), whatever NOTE_WAITER read, so
+// that the Locker waits marked even while the row changes hands quickly (a semaphore's
+// permit); and whether that row is live, read in the same step: a mark written while it
+// is will be poked by its delete, but a release between NOTE_WAITER's read and this write
+// pokes nothing, and the waiter, told the row is gone, tries again at once. A mark that
+// exists keeps its pokes (the listener compares them with what it last read).
+const MARK: &str = "\
+INSERT INTO {table}_waiter (lock_key, waiter, fencing_token, expire_time)
+VALUES (?2, ?3,
+        coalesce((SELECT fencing_token FROM {table} WHERE lock_key = ?1 AND expire_time > {now}), 0),
+        {mark_until})
+ON CONFLICT (lock_key, waiter) DO UPDATE
+   SET fencing_token = excluded.fencing_token, expire_time = excluded.expire_time
+RETURNING EXISTS (SELECT 1 FROM {table} WHERE lock_key = ?1 AND expire_time > {now})";
+
+// The listener's statements (`listener.rs`): its Locker's marks, with their pokes, the
+// token of the last row released, and whether each has at least half its life left; the
+// refresh of the marks of keys still waited for; and the deletion of every expired mark
+// (of Lockers that stopped or died).
+const MARKS: &str = "\
+SELECT lock_key, pokes, released_token, expire_time > {mark_fresh}
+  FROM {table}_waiter WHERE waiter = ?1";
+
+const REFRESH_MARKS: &str = "\
+UPDATE {table}_waiter SET expire_time = {mark_until}
+ WHERE waiter = ?1 AND lock_key IN (SELECT value FROM json_each(?2))";
+
+const PURGE_MARKS: &str = "DELETE FROM {table}_waiter WHERE expire_time <= {now}";
+
+// A mark lasts a second unless its Locker's listener refreshes it (at half that, while its
+// waiters wait): a Locker that died is waited for by nobody after a second at most.
+const MARK_UNTIL: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 seconds')";
+const MARK_FRESH: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', '+0.5 seconds')";
+
+/// How long a Locker whose release found a mark of another Locker keeps its own waiters of
+/// that key back, unless its listener hears the release sooner (see
+/// [`NotifySql::YIELD_FOR`]): the other Locker's listener looks every 1.5 to 4.5 ms
+/// (`listener.rs`), and its waiter's attempt takes a millisecond or so; the rest is room
+/// for a busy machine. The wait ends with the yielding Locker's own listener's next look
+/// whenever it has waiters of the key itself, so that both start even.
+const YIELD_FOR: Duration = Duration::from_millis(15);
+
+/// The file behind the `main` database, empty for an in-memory one.
+const MAIN_FILE: &str = "SELECT file FROM pragma_database_list WHERE name = 'main'";
 
 const REAP: &str = "\
 DELETE FROM {table} WHERE rowid IN (
     SELECT rowid FROM {table} WHERE expire_time < {now} ORDER BY expire_time LIMIT ?1)";
 
 fn sqlite_sql(template: &str, table: &str) -> Sql {
+    let template = template
+        .replace("{mark_until}", MARK_UNTIL)
+        .replace("{mark_fresh}", MARK_FRESH);
     sql(&template.replace("{now}", NOW), table)
 }
 
@@ -246,6 +330,21 @@ impl LockSql for Sqlite {
         Ok(found.len() as u64)
     }
 
+    async fn release_marked(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        lock: LockId<'_>,
+        waiter: i64,
+    ) -> Result<Option<(bool, bool)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.release_marked))
+            .bind(lock.key)
+            .bind(lock.owner)
+            .bind(lock.fencing_token)
+            .bind(waiter)
+            .fetch_optional(conn)
+            .await
+    }
+
     async fn release_batch(
         conn: &mut SqliteConnection,
         sql: &Statements,
@@ -303,12 +402,68 @@ impl TicketSql for Sqlite {
 }
 
 impl NotifySql for Sqlite {
-    note_waiter!();
+    const NOTIFIES: bool = true;
+    const YIELD_FOR: Duration = YIELD_FOR;
+
+    /// Only reads what the holder's lease has left: a mark names its Locker, and dblock's
+    /// waiters leave theirs through `note_waiter_in`.
+    async fn note_waiter(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        key: &str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let (left, _): (Option<i64>, bool) = sqlx::query_as(audited(&sql.note_waiter))
+            .bind(key)
+            .bind(key)
+            .bind(0_i64)
+            .fetch_one(conn)
+            .await?;
+        Ok(left)
+    }
+
+    async fn note_waiter_in(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        key: &str,
+        queue: &str,
+        waiter: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let (left, marked): (Option<i64>, bool) = sqlx::query_as(audited(&sql.note_waiter))
+            .bind(key)
+            .bind(queue)
+            .bind(waiter)
+            .fetch_one(&mut *conn)
+            .await?;
+        // An expired row is taken over by the next attempt, which the waiter makes when
+        // its pause (`left`, zero) ends: no mark needed.
+        if marked || left == Some(0) {
+            return Ok(left);
+        }
+        let live: bool = sqlx::query_scalar(audited(&sql.mark))
+            .bind(key)
+            .bind(queue)
+            .bind(waiter)
+            .fetch_one(conn)
+            .await?;
+        // Taken meanwhile, for a lease not read: the waiter looks again soon (`left` 0).
+        Ok(live.then(|| left.unwrap_or(0)))
+    }
+
+    async fn listen(
+        listener: ListenerOptions<Sqlite>,
+        table: &str,
+    ) -> Result<Option<Box<dyn Releases>>, sqlx::Error> {
+        listener::open(listener, table).await
+    }
 }
 
 impl MigrateSql for Sqlite {
-    const MIGRATIONS: &'static [(&'static str, &'static str)] =
-        migration_scripts!("sqlite"; "V1__distributed_lock.sql", "V2__tickets.sql");
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("sqlite"; "V1__distributed_lock.sql", "V2__tickets.sql", "V3__waiters.sql");
+
+    const MORE_TABLES: &'static [(&'static str, &'static str)] = &[(
+        "_waiter",
+        "lock_key, waiter, fencing_token, expire_time, pokes, released_token",
+    )];
 
     async fn lock_migrations(conn: &mut SqliteConnection, _table: &str) -> Result<(), sqlx::Error> {
         sqlx::query("BEGIN IMMEDIATE").execute(conn).await?;
@@ -330,10 +485,7 @@ impl MigrateSql for Sqlite {
         options: &sqlx::sqlite::SqliteConnectOptions,
     ) -> Result<Option<SqliteConnection>, sqlx::Error> {
         // An in-memory database has no file: `main` is listed with an empty one.
-        let file: Option<String> =
-            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
-                .fetch_optional(conn)
-                .await?;
+        let file: Option<String> = sqlx::query_scalar(MAIN_FILE).fetch_optional(conn).await?;
         if file.is_some_and(|file| !file.is_empty()) {
             return Ok(None);
         }

@@ -270,7 +270,7 @@ impl<DB: Backend> EngineState<DB> {
         self.stop_renewing_for_release(lease).await;
         // Sent again while another session is in the way, as long as the lease lasts.
         let outcome = self.release_once(lease).await;
-        let kept = matches!(outcome, Ok((_, true)));
+        let kept = matches!(outcome, Ok(Ended { kept: true, .. }));
         // Held no more by this process: also when the DELETE failed (a background release
         // only repeats it), and when the row is kept for a job's minimum hold (nobody
         // works under it, it waits out its time). Before the next local waiter is woken
@@ -282,8 +282,20 @@ impl<DB: Backend> EngineState<DB> {
         if !kept {
             self.wake_local(lease);
         }
-        let (deleted, _) = outcome?;
-        self.settle(lease, deleted, kept);
+        // A waiter of another Locker marked the key (SQLite): this Locker's waiters, just
+        // woken, hold back until this Locker's listener has looked at the table since, as
+        // the other one's does, so that neither they nor a caller asking again at once
+        // take the key before that waiter could see it free (a moment at most).
+        if matches!(outcome, Ok(Ended { yielded: true, .. })) {
+            let until = Instant::now() + DB::YIELD_FOR;
+            self.queues.hold_back(&lease.key, until);
+        }
+        let Ended {
+            deleted, yielded, ..
+        } = outcome?;
+        // A yielded release is not remembered as this Locker's own: its listener's report
+        // of it is what lets this Locker's waiters go.
+        self.settle(lease, deleted, kept || yielded);
         Ok(deleted)
     }
 
@@ -321,7 +333,9 @@ impl<DB: Backend> EngineState<DB> {
 
     /// Records what a release found, once its statement answered: `deleted` is
     /// `Some(expired)` when our row went, `None` when it was not ours any more; `kept`
-    /// when the row stays for a job's minimum hold.
+    /// when the row stays for a job's minimum hold, or when the listener's report of the
+    /// release must not be taken for this Locker's own (a handoff, a release yielded to
+    /// a waiter elsewhere).
     fn settle(&self, lease: &Lease, deleted: Option<bool>, kept: bool) {
         // The release may be the first to see that the lease is gone (a guard that was not
         // renewed, a row deleted since the last renewal): a loss like any other, counted
@@ -410,16 +424,36 @@ impl<DB: Backend> EngineState<DB> {
     }
 
     /// One release statement: the owner-checked DELETE, or, for a lease with a minimum
-    /// hold that has not passed yet, the UPDATE that lets the row end then (`true` in
-    /// the answer's second half; the row counts as released, not expired).
-    async fn release_once(&self, lease: &Lease) -> Result<(Option<bool>, bool)> {
+    /// hold that has not passed yet, the UPDATE that lets the row end then (`kept`; the
+    /// row counts as released, not expired).
+    async fn release_once(&self, lease: &Lease) -> Result<Ended> {
         let until = lease.deadline();
         Counters::bump(&self.counters.releases);
         if let Some(min_hold) = lease.min_hold()
             && Box::pin(self.table.keep_min_hold(lease.lock_id(), min_hold, until)).await?
         {
-            return Ok((Some(false), true));
+            return Ok(Ended {
+                deleted: Some(false),
+                kept: true,
+                yielded: false,
+            });
         }
-        Ok((self.table.release(lease.lock_id(), until).await?, false))
+        let released = self.table.release_marked(lease.lock_id(), until).await?;
+        Ok(Ended {
+            deleted: released.map(|(expired, _)| expired),
+            kept: false,
+            yielded: released.is_some_and(|(_, marked)| marked),
+        })
     }
+}
+
+/// What one release statement did ([`EngineState::release_once`]).
+struct Ended {
+    /// `Some(expired)` when our row went, `None` when it was not ours any more.
+    deleted: Option<bool>,
+    /// The row stays until a job's minimum hold has passed.
+    kept: bool,
+    /// The row went, and a waiter of another Locker had marked its key
+    /// ([`LockSql::release_marked`](crate::dialect::LockSql::release_marked)).
+    yielded: bool,
 }

@@ -144,6 +144,7 @@ impl TestBackend for Postgres {
     const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "now()";
     const HEARS_RELEASES: bool = true;
+    const LISTENER_SESSIONS: bool = true;
     const HANDOFF_IN_RELEASE: bool = true;
 
     fn locate() -> Result<String, Unavailable> {
@@ -257,9 +258,9 @@ impl TestBackend for MySql {
 impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
     const STRICT_SNAPSHOT: Option<&'static str> = None;
-    const MIGRATION_FILES: usize = 2;
+    const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "datetime('now')";
-    const HEARS_RELEASES: bool = false;
+    const HEARS_RELEASES: bool = true;
     const HANDOFF_IN_RELEASE: bool = false;
 
     /// Every test gets a file of its own.
@@ -300,6 +301,17 @@ impl TestBackend for Sqlite {
 
     fn param(n: usize) -> String {
         format!("?{n}")
+    }
+
+    /// The marks are `<table>_waiter`'s, one per waiting Locker, on the key or its group
+    /// (`<name>~`), each naming the row it was left for.
+    fn marked_sql(table: &str) -> String {
+        format!(
+            "SELECT COUNT(*) FROM {table} AS t JOIN {table}_waiter AS w
+                ON w.lock_key IN (t.lock_key, rtrim(t.lock_key, replace(t.lock_key, '~', '')))
+               AND w.fencing_token = t.fencing_token
+             WHERE t.lock_key = ?1"
+        )
     }
 
     fn now_plus(secs: i64) -> String {

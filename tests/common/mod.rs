@@ -43,9 +43,13 @@ pub trait TestBackend: Backend {
     const MIGRATION_FILES: usize;
     /// The database clock as a plain client writes it.
     const NOW: &'static str;
-    /// Whether a release wakes waiters of other Lockers (PostgreSQL `LISTEN`/`NOTIFY`);
-    /// elsewhere they poll, and a Locker never reports [`Locker::listening`].
+    /// Whether a release wakes waiters of other Lockers (PostgreSQL `LISTEN`/`NOTIFY`,
+    /// SQLite's listener on a database file); elsewhere they poll, and a Locker never
+    /// reports [`Locker::listening`].
     const HEARS_RELEASES: bool;
+    /// Whether a listener is a server session the tests can count and end
+    /// ([`Plain::listeners`], [`Plain::kill_listeners`]: PostgreSQL).
+    const LISTENER_SESSIONS: bool = false;
     /// Whether a release hands the row to the next local waiter in its own statement
     /// (PostgreSQL); elsewhere the waiter acquires after the release.
     const HANDOFF_IN_RELEASE: bool;
@@ -66,6 +70,15 @@ pub trait TestBackend: Backend {
 
     /// The placeholder of the `n`-th (1-based) bind parameter.
     fn param(n: usize) -> String;
+
+    /// A query counting the marks that waiters left on the live row of the key bound
+    /// first, for that row: PostgreSQL's `waiters` column by default.
+    fn marked_sql(table: &str) -> String {
+        format!(
+            "SELECT COUNT(*) FROM {table} WHERE lock_key = {} AND waiters",
+            Self::param(1)
+        )
+    }
 
     /// The database clock plus `secs` seconds (negative for the past), as a plain client
     /// writes it.
@@ -316,16 +329,12 @@ impl<DB: TestBackend> Plain<DB> {
         n.expect("plain expiry check") == Some(1)
     }
 
-    /// Whether a waiter marked the key's row, asking its release to notify (the
-    /// `waiters` column: PostgreSQL only).
+    /// Whether a waiter marked the key's row, asking its release to wake it (where
+    /// releases are heard: [`TestBackend::marked_sql`]).
     pub async fn marked(&self, key: &str) -> bool {
-        let sql = format!(
-            "SELECT COUNT(*) FROM {} WHERE lock_key = {} AND waiters",
-            self.table,
-            DB::param(1)
-        );
+        let sql = DB::marked_sql(&self.table);
         let n = DB::fetch_i64(&self.pool, sql, vec![key.into()]).await;
-        n.expect("read the waiters mark") == Some(1)
+        n.expect("read the waiters mark").unwrap_or(0) > 0
     }
 
     /// The condition on `pg_stat_activity` that picks the release listeners of this

@@ -26,6 +26,7 @@ mod queue;
 mod racing;
 mod rwlock;
 mod schedule;
+mod shares;
 mod stuck_fence;
 mod waiting;
 mod wakeups;
@@ -56,6 +57,7 @@ pub use queue::*;
 pub use racing::*;
 pub use rwlock::*;
 pub use schedule::*;
+pub use shares::*;
 pub use stuck_fence::*;
 pub use waiting::*;
 pub use wakeups::*;
@@ -170,6 +172,8 @@ macro_rules! conformance_suite {
             hot_key_is_shared_between_processes,
             semaphore_permits_are_shared_between_processes,
             a_waiter_whose_listener_is_cut_off_still_gets_the_key,
+            hot_key_grants_are_shared_across_lockers,
+            semaphore_permits_are_shared_across_lockers,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
