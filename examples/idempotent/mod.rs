@@ -106,6 +106,7 @@ payment_db!(sqlx::Sqlite, false, |t, l| {
         format!("{l}_history"),
         format!("{l}_fencing"),
         format!("{l}_ticket"),
+        format!("{l}_waiter"),
     ];
     t.iter()
         .map(|table| table.to_string())

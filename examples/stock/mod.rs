@@ -275,6 +275,7 @@ stock_db!(sqlx::Sqlite, false, |t, l| vec![
     format!("DROP TABLE IF EXISTS {l}_history"),
     format!("DROP TABLE IF EXISTS {l}_fencing"),
     format!("DROP TABLE IF EXISTS {l}_ticket"),
+    format!("DROP TABLE IF EXISTS {l}_waiter"),
 ]);
 
 /// Everything the workers share: the pool, the helpers and the statements.
