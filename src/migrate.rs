@@ -92,7 +92,7 @@ pub(crate) fn scripts<DB: Backend>(table: &str, durability: Durability) -> Vec<M
         Durability::Relaxed => ("UNLOGGED ", DB::RELAXED_MIGRATIONS),
         _ => ("", &[]),
     };
-    DB::MIGRATIONS
+    let mut scripts: Vec<MigrationScript> = DB::MIGRATIONS
         .iter()
         .chain(extra)
         .map(|(name, template)| MigrationScript {
@@ -102,7 +102,18 @@ pub(crate) fn scripts<DB: Backend>(table: &str, durability: Durability) -> Vec<M
                 .replace("{name}", unqualified(table))
                 .replace("{unlogged}", unlogged),
         })
-        .collect()
+        .collect();
+    // In version order, as the history lists them: a relaxed-only step (PostgreSQL's V4)
+    // comes before the later steps that every table takes (V5).
+    scripts.sort_by_key(|script| version_of(&script.name));
+    scripts
+}
+
+/// The version in a migration's file name (`V5__write_in_one.sql`: 5).
+fn version_of(name: &str) -> u32 {
+    let digits = name.trim_start_matches('V');
+    let end = digits.find('_').unwrap_or(digits.len());
+    digits[..end].parse().unwrap_or(u32::MAX)
 }
 
 /// Whether `table`'s history holds exactly `migrations`, each with its checksum: then

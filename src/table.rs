@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use crate::config::{Durability, RetryPolicy, micros};
 use crate::dialect::{
     Acquired, Backend, Contention, HandOff, Inspected, ListQuery, Listed, ListenerOptions, LockId,
-    ReleasedRow, Releases, RenewWait, Renewal, RowState, Waiting, Watchers, WriteGate,
+    ReleasedRow, Releases, RenewWait, Renewal, RowState, Waiting, Watchers, WriteGate, WriteInOne,
 };
 use crate::error::{Error, PoolTimeoutCause, Result};
 use crate::retry::{Retry, retry, timed_out};
@@ -164,6 +164,11 @@ pub(crate) struct LockTable<DB: Backend> {
     /// connections that did not answer, not by connections in use (see
     /// [`PoolTimeoutCause`]).
     testing: AtomicU32,
+    /// Whether a read-write lock's write may be tried in one statement
+    /// ([`LockSql::acquire_write`](crate::dialect::LockSql::acquire_write)): cleared when
+    /// the dialect has none or the table lacks it (not migrated to PostgreSQL's V5), set
+    /// again by [`migrate`](Self::migrate).
+    writes_in_one: AtomicBool,
 }
 
 /// A pooled connection a statement runs on. Dropped before its statement answered (the
@@ -373,6 +378,7 @@ impl<DB: Backend> LockTable<DB> {
             upsert_returns: tokio::sync::OnceCell::new(),
             statement_timeout: crate::config::DEFAULT_STATEMENT_TIMEOUT,
             testing: AtomicU32::new(0),
+            writes_in_one: AtomicBool::new(true),
             lane: Lane {
                 slot: tokio::sync::Mutex::new(None),
                 refused: AtomicBool::new(false),
@@ -752,6 +758,19 @@ impl<DB: Backend> LockTable<DB> {
     ) -> Result<WriteTake> {
         let readers_end = prefix_end(readers).unwrap_or_default();
         let readers = (readers, readers_end.as_str());
+        if let [writer, grant] = keys
+            && self.writes_in_one.load(Ordering::Relaxed)
+        {
+            let keys = (writer.as_str(), grant.as_str());
+            match self
+                .acquire_write_in_one(keys, readers, owner, lease, until)
+                .await
+            {
+                Ok(Some(taken)) => return Ok(taken),
+                Ok(None) => self.writes_in_one.store(false, Ordering::Relaxed),
+                Err(err) => return Err(err),
+            }
+        }
         let bound = attempt_bound(until);
         let won = self
             .run_raw(
@@ -779,6 +798,43 @@ impl<DB: Backend> LockTable<DB> {
             )
             .await;
         self.race_outcome(won, WriteTake::Held, &keys, "lost a write's race")
+    }
+
+    /// [`acquire_write`](Self::acquire_write) in one statement
+    /// ([`LockSql::acquire_write`](crate::dialect::LockSql::acquire_write)): `Ok(None)`
+    /// where the dialect or the table has none. Nobody registers as waiting on a lock
+    /// table whose dialect has one (PostgreSQL marks rows instead), so the won rows carry
+    /// no watchers.
+    async fn acquire_write_in_one(
+        &self,
+        keys: (&str, &str),
+        readers: (&str, &str),
+        owner: &str,
+        lease: Duration,
+        until: Instant,
+    ) -> Result<Option<WriteTake>> {
+        let bound = attempt_bound(until);
+        let won = self
+            .run_raw(
+                bound,
+                pooled!(|conn| async {
+                    let wait = until.saturating_duration_since(Instant::now());
+                    DB::acquire_write(conn, &self.sql, keys, readers, owner, micros(lease), wait)
+                        .await
+                }),
+            )
+            .await;
+        let taken = won.map(|won| {
+            won.map(|won| match won {
+                WriteInOne::Won(writer, grant) => WriteTake::Won(vec![
+                    (writer, Watchers::default()),
+                    (grant, Watchers::default()),
+                ]),
+                WriteInOne::Held => WriteTake::Held,
+                WriteInOne::Read => WriteTake::Read,
+            })
+        });
+        self.race_outcome(taken, Some(WriteTake::Held), &keys, "lost a write's race")
     }
 
     /// Owner- and token-checked delete of the rows of `ids` (sorted by key) in one
@@ -1337,6 +1393,7 @@ impl<DB: Backend> LockTable<DB> {
         let applied = crate::migrate::run(&self.pool, &self.name, self.durability)
             .await
             .map_err(|err| self.migration_error(err))?;
+        self.writes_in_one.store(true, Ordering::Relaxed);
         if let Some(conn) = self.keep_alive.lock().await.as_mut() {
             // The keep-alive connection must see the table the pool's connection made;
             // it does not when every connection has a database of its own.

@@ -13,6 +13,9 @@ mod relaxed;
 #[path = "postgres/schemas.rs"]
 mod schemas;
 
+#[path = "postgres/write_in_one.rs"]
+mod write_in_one;
+
 /// The reaper finds a batch through the `expire_time` index and deletes it through the
 /// primary key: no statement of a pass reads the whole table. With the batch's keys given
 /// as `IN (subquery)`, the planner hash-joined them against a scan of the whole table,

@@ -47,6 +47,7 @@ pub use portable::SqlValue;
     allow(unused_imports)
 )] // SQLite has no FOR UPDATE
 pub(crate) use portable::{for_update, portable_ops, read_versioned, select_keys, write_versioned};
+pub(crate) use rows::WriteInOne;
 pub use rows::{Acquired, HandOff, LockId};
 pub(crate) use rows::{
     Inspected, ListQuery, Listed, ListenerOptions, Released, ReleasedRow, Releases, Renewal,
@@ -418,6 +419,27 @@ pub trait LockSql: Dialect {
     ) -> impl Future<Output = Result<Vec<ReleasedRow>, sqlx::Error>> + Send {
         let _ = upsert_returns;
         async move { Self::release_batch(conn, sql, &pair).await }
+    }
+
+    /// A read-write lock's write in one statement (one round trip, one commit), where the
+    /// dialect has one (PostgreSQL: the `{table}_take_write` function, migration V5): the
+    /// writer's row `keys.0` and the grant's `keys.1` both taken, or neither, and not while
+    /// a live row keyed from `readers.0` up to `readers.1` (a reader's) exists; bounded by
+    /// `wait` as [`acquire`](Self::acquire) is. `Ok(None)` where it has none (the function
+    /// missing: a table not migrated yet), and the write takes a transaction instead
+    /// ([`live_member`](Self::live_member)).
+    #[allow(clippy::too_many_arguments)] // acquire's, and the rows it looks at
+    fn acquire_write(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        keys: (&str, &str),
+        readers: (&str, &str),
+        owner: &str,
+        lease_micros: i64,
+        wait: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<WriteInOne>, sqlx::Error>> + Send {
+        let _ = (conn, sql, keys, readers, owner, lease_micros, wait);
+        async { Ok(None) }
     }
 
     /// Inside a write's transaction, after it took the writer's and the grant's rows:

@@ -15,8 +15,8 @@ use sqlx::{PgConnection, Postgres};
 use super::{
     Acquired, Contention, Dialect, Durability, ErrorCodes, HandOff, ListenerOptions, LockId,
     LockSql, MigrateSql, NotifySql, Released, ReleasedRow, Releases, RenewWait, Renewal,
-    RenewedRow, RowState, RowWait, SqlValue, TicketSql, TxSql, audited, db_code, quoted_after,
-    read_back_states, row_states, sql, unrenewed,
+    RenewedRow, RowState, RowWait, SqlValue, TicketSql, TxSql, WriteInOne, audited, db_code,
+    quoted_after, read_back_states, row_states, sql, unrenewed,
 };
 
 statements! { sql;
@@ -25,6 +25,7 @@ statements! { sql;
     hand_off: HAND_OFF,
     acquire_read: &read_acquire(ACQUIRE),
     live_member: LIVE_MEMBER,
+    take_write: &take_write(false),
 }
 
 /// A lease (or a minimum hold) as PostgreSQL takes it: microseconds.
@@ -137,6 +138,19 @@ const LIVE_MEMBER: &str = "\
 SELECT EXISTS (SELECT 1 FROM {table}
                 WHERE lock_key COLLATE \"C\" >= $1 AND lock_key COLLATE \"C\" < $2
                   AND expire_time > clock_timestamp())";
+
+// A read-write lock's write in one statement: the function of V5__write_in_one.sql (its
+// comments say how it orders with readers and acquisitions). `relaxed`: a relaxed table's
+// call checks the token epoch before the draw, as its ACQUIRE does.
+fn take_write(relaxed: bool) -> String {
+    format!(
+        "SELECT outcome, writer_token, writer_expires, grant_token, grant_expires
+           FROM {{table}}_take_write($1, $2, $3, $4, $5, $6, $7, {relaxed})"
+    )
+}
+
+// The function is missing: a table not migrated to V5 yet (`undefined_function`).
+const UNDEFINED_FUNCTION: &str = "42883";
 
 // Which of a table's relations are unlogged ('u') or logged ('p'): the lock table's.
 const PERSISTENCE: &str = "SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)";
@@ -373,6 +387,7 @@ impl Dialect for Postgres {
             statements.acquire = sql(&relaxed_acquire(), table);
             statements.hand_off = sql(&relaxed(HAND_OFF), table);
             statements.acquire_read = sql(&read_acquire(&relaxed_acquire()), table);
+            statements.take_write = sql(&take_write(true), table);
         }
         statements
     }
@@ -421,6 +436,53 @@ impl LockSql for Postgres {
         Ok(row.map(|(fencing_token, expires_at)| Acquired {
             fencing_token,
             expires_at,
+        }))
+    }
+
+    async fn acquire_write(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        (writer, grant): (&str, &str),
+        (from, until): (&str, &str),
+        owner: &str,
+        lease_micros: i64,
+        wait: std::time::Duration,
+    ) -> Result<Option<WriteInOne>, sqlx::Error> {
+        type Row = (
+            String,
+            Option<i64>,
+            Option<DateTime<Utc>>,
+            Option<i64>,
+            Option<DateTime<Utc>>,
+        );
+        let row: Result<Row, sqlx::Error> = sqlx::query_as(audited(&sql.take_write))
+            .bind(writer)
+            .bind(grant)
+            .bind(owner)
+            .bind(lease_param(lease_micros))
+            .bind(lock_timeout(wait))
+            .bind(from)
+            .bind(until)
+            .fetch_one(conn)
+            .await;
+        let row = match row {
+            Err(err) if db_code(&err).as_deref() == Some(UNDEFINED_FUNCTION) => return Ok(None),
+            row => row?,
+        };
+        Ok(Some(match row {
+            (_, Some(w), Some(w_expires), Some(g), Some(g_expires)) => {
+                let writer = Acquired {
+                    fencing_token: w,
+                    expires_at: w_expires,
+                };
+                let grant = Acquired {
+                    fencing_token: g,
+                    expires_at: g_expires,
+                };
+                WriteInOne::Won(writer, grant)
+            }
+            (outcome, ..) if outcome == "read" => WriteInOne::Read,
+            _ => WriteInOne::Held,
         }))
     }
 
@@ -589,7 +651,7 @@ impl NotifySql for Postgres {
 }
 
 impl MigrateSql for Postgres {
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("postgres"; "V1__distributed_lock.sql", "V2__waiters.sql", "V3__tickets.sql");
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("postgres"; "V1__distributed_lock.sql", "V2__waiters.sql", "V3__tickets.sql", "V5__write_in_one.sql");
 
     const COLUMNS: &'static str =
         "lock_key, lock_value, expire_time, fencing_token, acquired_at, waiters";

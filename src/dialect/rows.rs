@@ -34,6 +34,18 @@ pub enum HandOff {
     NotOurs,
 }
 
+/// What a read-write lock's write in one statement answered
+/// ([`LockSql::acquire_write`](super::LockSql::acquire_write)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteInOne {
+    /// Both rows committed: the writer's, then the grant's.
+    Won(Acquired, Acquired),
+    /// A row was held by another owner: nothing written.
+    Held,
+    /// Both rows were free but a reader holds: nothing written.
+    Read,
+}
+
 /// The row a guard holds: key, owner value and the fencing token it was written with.
 /// Checking the token too means a stale guard of a reused owner value (reentrant
 /// [`Owner`](crate::Owner)) can never touch a newer acquisition.

@@ -141,7 +141,7 @@ impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
     const STRICT_SNAPSHOT: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
-    const MIGRATION_FILES: usize = 3;
+    const MIGRATION_FILES: usize = 4;
     const NOW: &'static str = "now()";
     const HEARS_RELEASES: bool = true;
     const LISTENER_SESSIONS: bool = true;

@@ -64,7 +64,7 @@ async fn a_schema_holds_its_lock_table() {
     let first = locker(&db.pool, &table);
     let second = locker(&db.pool, &format!("{two}.distributed_lock"));
     assert_eq!(first.table(), table);
-    assert_eq!(first.migrate().await.unwrap(), 3);
+    assert_eq!(first.migrate().await.unwrap(), 4);
     assert_eq!(
         first.migrate().await.unwrap(),
         0,
@@ -72,7 +72,7 @@ async fn a_schema_holds_its_lock_table() {
     );
     assert_eq!(
         second.migrate().await.unwrap(),
-        3,
+        4,
         "another schema, another table"
     );
 
@@ -91,7 +91,7 @@ async fn a_schema_holds_its_lock_table() {
     assert_eq!(relations(&db.pool, one).await, expected);
     assert_eq!(relations(&db.pool, two).await, expected);
     let history = format!("SELECT COUNT(*) FROM {table}_history");
-    assert_eq!(scalar(&db.pool, history).await, 3);
+    assert_eq!(scalar(&db.pool, history).await, 4);
 
     // Two schemas, two lock tables: the same key is free in each.
     let held = first.try_acquire("k", LONG).await.unwrap().expect("free");
@@ -264,7 +264,7 @@ async fn a_relaxed_table_in_a_schema() {
         .auto_renew(false)
         .build()
         .unwrap();
-    assert_eq!(relaxed.migrate().await.unwrap(), 4);
+    assert_eq!(relaxed.migrate().await.unwrap(), 5);
     let names = relations(&db.pool, schema).await;
     assert!(names.iter().any(|n| n == "fast_lock_epoch"), "{names:?}");
     let function = format!(

@@ -1,0 +1,107 @@
+//! A read-write lock's write in one statement (`{table}_take_write`, migration V5): how it
+//! is ordered with a reader in flight, and the transaction it falls back to where the
+//! function is missing.
+
+use std::time::Duration;
+
+use dblock::Postgres;
+use sqlx::Connection;
+
+use crate::common::{TestDb, wait_until};
+
+const LONG: Duration = Duration::from_secs(30);
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A reader that committed its row while the write waited for the grant's advisory lock
+/// (a reader holds it shared until its commit) is seen by the write's look for readers:
+/// the write takes nothing. The look is a statement of its own inside the function, with a
+/// snapshot taken after the wait; a look taken before the wait (the function's looks moved
+/// above its advisory locks: seen failing so), or one snapshot for the whole call (the
+/// look as a subquery of one statement), misses that row, and the write holds beside the
+/// reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sees_a_reader_that_committed_while_it_waited() {
+    let Some(db) = TestDb::<Postgres>::open().await else {
+        return;
+    };
+    let table = &db.table;
+    let lock = db.locker.rw_lock("rw");
+    // Once, so that the write below goes straight to its statement.
+    lock.try_write(LONG)
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+
+    // The reader's acquisition as dblock sends it, played by a plain client in two steps:
+    // the grant's advisory lock shared, then the reader's row, committed only later.
+    let mut reader = sqlx::PgConnection::connect(&db.location).await.unwrap();
+    let begin = format!(
+        "BEGIN; SELECT pg_advisory_xact_lock_shared(hashtextextended('{table}:rw~write-grant', 0)); \
+         INSERT INTO {table} (lock_key, lock_value, expire_time) \
+         VALUES ('rw~read-00000000000000aa', 'plain-reader', now() + INTERVAL '30 seconds')"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(begin))
+        .execute(&mut reader)
+        .await
+        .unwrap();
+
+    let write = tokio::spawn(async move { lock.try_write(LONG).await });
+    wait_until(
+        "the write waits for the grant's lock",
+        PATIENCE,
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            write.is_finished() || waiting > 0
+        },
+    )
+    .await;
+    sqlx::raw_sql("COMMIT").execute(&mut reader).await.unwrap();
+
+    let write = write.await.expect("the write's task").expect("try_write");
+    assert!(
+        write.is_none(),
+        "a write was granted beside a reader that committed first"
+    );
+    assert_eq!(db.plain.row_count().await, 1, "only the reader's row");
+    reader.close().await.unwrap();
+}
+
+/// A table whose function is missing (migrated by an older dblock, or the function
+/// dropped) takes its writes in a transaction, as before V5: still both rows or neither,
+/// still one commit, and a reader still keeps a write out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_function_a_write_takes_a_transaction() {
+    let Some(db) = TestDb::<Postgres>::open().await else {
+        return;
+    };
+    let drop = format!("DROP FUNCTION {}_take_write", db.table);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let lock = db.locker.rw_lock("ledger");
+    for _ in 0..3 {
+        let before = db.locker.stats();
+        let write = lock.try_write(LONG).await.unwrap().expect("free");
+        assert_eq!(db.locker.stats().attempts - before.attempts, 1);
+        assert!(lock.try_read(LONG).await.unwrap().is_none(), "written");
+        assert_eq!(
+            db.plain.row_count().await,
+            2,
+            "the writer's row and the grant"
+        );
+        write.release().await.unwrap();
+    }
+    let read = lock.try_read(LONG).await.unwrap().expect("free");
+    assert!(lock.try_write(LONG).await.unwrap().is_none(), "read");
+    assert_eq!(db.plain.row_count().await, 1, "nothing of the write kept");
+    read.release().await.unwrap();
+}
