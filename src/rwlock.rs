@@ -7,7 +7,10 @@
 //!
 //! A write with no reader in the way costs two commits, as a mutex's cycle: one
 //! transaction takes the writer's and the grant's rows and looks for a live reader (kept
-//! only if there is none), and one statement releases both rows. A reader writes its row
+//! only if there is none), and one statement releases both rows. On PostgreSQL that
+//! transaction is one statement, a call of the table's `_take_write` function (migration
+//! V5; its looks are statements of their own, each seeing what committed before it):
+//! one round trip instead of five. A reader writes its row
 //! (one commit), then reads the writer's; that statement is ordered with every write's
 //! transaction ([`LockSql::acquire_read`](crate::dialect::LockSql::acquire_read): on
 //! PostgreSQL it holds the grant key's advisory lock shared, which the write's grant
@@ -35,7 +38,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::acquire::{self, Request};
 use crate::config::{validate_lease, validate_wait};
-use crate::dialect::Backend;
+use crate::dialect::{Backend, Listed};
 use crate::error::{Error, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::lease::Lease;
@@ -402,7 +405,7 @@ impl<DB: Backend> RwLock<DB> {
     /// Writes for `lease`, waiting up to `wait` (then [`Error::Timeout`]): first for the
     /// writer's row (behind earlier writers), then, holding it (new readers now wait), for
     /// the readers to finish. If the wait runs out in the second part the writer's row is
-    /// released and the error names the lock's readers' queue `<name>~`.
+    /// released and the error names a reader's row that stayed (`<name>~read-..`) and its holder.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`Locker::acquire`]: the writer's row of a dropped future is
@@ -454,9 +457,10 @@ impl<DB: Backend> RwLock<DB> {
         let mut reads = 0u32;
         loop {
             reads += 1;
-            let Some(reader) = self.a_reader().await? else {
+            let Some(held) = self.a_reader().await? else {
                 break;
             };
+            let reader = held.key.clone();
             // PostgreSQL: that reader's release, in any process, wakes this writer (the
             // listener hears it, and it wakes the lock's queue, which this writer is in).
             if DB::NOTIFIES {
@@ -469,13 +473,15 @@ impl<DB: Backend> RwLock<DB> {
             let Some(pause) = backoff.next_pause() else {
                 drop(place);
                 writer.release().await.ok();
+                // The row that stayed held: a reader's (the lock's queue `<name>~` names
+                // no row), and who holds it.
                 return Err(Error::Timeout {
-                    key: group,
+                    key: held.key,
                     waited: started.elapsed(),
                     attempts: reads,
-                    held_by: None,
-                    held_until: None,
-                    held_here: false,
+                    held_here: held.row.owner.starts_with(&core.owner_prefix),
+                    held_until: Some(held.row.expires_at),
+                    held_by: Some(held.row.owner),
                 });
             };
             tokio::select! {
@@ -542,12 +548,12 @@ impl<DB: Backend> RwLock<DB> {
         Ok(writer.is_some_and(|row| !row.expired))
     }
 
-    /// The key of a live reader's row, if there is one.
-    async fn a_reader(&self) -> Result<Option<String>> {
+    /// A live reader's row, if there is one.
+    async fn a_reader(&self) -> Result<Option<Listed>> {
         let prefix = member_key(&self.name, "read-");
         let table = &self.locker.core.table;
         let live = table.list(&prefix, None, Some(false), READERS_READ).await?;
-        Ok(live.into_iter().next().map(|row| row.key))
+        Ok(live.into_iter().next())
     }
 
     /// Holding the writer's row with no reader left: takes the grant row, whose token is

@@ -195,4 +195,24 @@ pub async fn a_primitive_timeout_names_its_row_and_this_process<DB: TestBackend>
         other => panic!("expected Timeout, got {other:?}"),
     }
     permit.release().await.unwrap();
+
+    // A write that timed out behind a reader names the reader's row and its holder, not
+    // the lock's queue (`pricing~`).
+    let pricing = db.locker.rw_lock("pricing");
+    let read = pricing.try_read(LONG).await.unwrap().expect("free");
+    let err = pricing.write(LONG, wait).await.expect_err("a reader holds");
+    match &err {
+        Error::Timeout {
+            key,
+            held_by,
+            held_here,
+            ..
+        } => {
+            assert_eq!(key, read.key(), "the reader's row");
+            assert_eq!(held_by.as_deref(), Some(read.owner()));
+            assert!(held_here, "held by this Locker");
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    read.release().await.unwrap();
 }
