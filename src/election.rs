@@ -59,6 +59,16 @@ const LEADER: &str = "leader";
 /// someone else leads first: so it cannot win again before them. Alone, it leads again
 /// after the hold-off.
 ///
+/// **The lease is the failover time.** A dead leader's row was last renewed at most one
+/// renew interval (`min(10 s, lease / 3)`) before its death, so the next leader takes over
+/// between `lease - renew interval` and `lease` after it: 20-30 s with a 30 s lease,
+/// 10-15 s with 15 s. Pick 10-15 s for an election (client-go's leader election uses a
+/// 15 s lease) rather than the 30 s [`DEFAULT_LEASE`](crate::DEFAULT_LEASE) of locks
+/// around work. Shorter costs more renewals, and a leader stalled longer than about two
+/// thirds of the lease (a GC pause, a slow network, a database failover) loses the lead:
+/// its work is dropped, and the next term is greater, so its fenced writes are refused.
+/// The README's "How long a lease" has a table.
+///
 /// # Examples
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -244,6 +244,41 @@ impl<DB: Backend> LockGuard<DB> {
     /// a reentrant [`Owner`](crate::Owner) only gives up its hold (`Ok`); the row goes
     /// with the last one, which answers as above.
     ///
+    /// # When it fails after the work succeeded
+    /// The work is done and stays done: no answer of `release` undoes it, and doing the
+    /// work again would do it twice. Log the error and move on.
+    /// - Any other error ([`Error::Database`], [`Error::PoolTimeout`]: the statement
+    ///   failed, or got no answer by the lease's deadline): renewal has stopped, and the
+    ///   Locker keeps sending the release in the background until the lease's deadline.
+    ///   If that fails too, the row stays until its lease ends by the database clock, so
+    ///   a rival waits at most what was left of the lease (at most one lease), as for a
+    ///   holder that crashed.
+    /// - [`Error::LockLost`] (`Expired`): the row went, but the lease had run out before
+    ///   the release, so a rival may have started in between: writes fenced with
+    ///   [`assert_held`](Self::assert_held) and [`commit`](Self::commit) committed only
+    ///   while it was held, others were not protected to their end.
+    /// - [`Error::NotHeld`]: the lock was lost before the release (taken over or
+    ///   deleted), and nothing was deleted. Fenced writes after the loss were refused
+    ///   ([`Error::NotHeld`] from `assert_held` or `commit`), so what committed was written
+    ///   while it was held.
+    ///
+    /// # Example
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # let locker = dblock::Locker::new(pool);
+    /// # locker.migrate().await?;
+    /// let five = std::time::Duration::from_secs(5);
+    /// let guard = locker.acquire("invoice:42", five, five).await?;
+    /// // ... the work, done ...
+    /// if let Err(err) = guard.release().await {
+    ///     // The work stays done; the row goes in the background or at its lease's end.
+    ///     eprintln!("release of invoice:42 failed: {err}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Cancel safety
     /// If the future is dropped before the database answered, the guard's drop finishes
     /// the release in the background.

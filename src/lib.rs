@@ -1,5 +1,4 @@
 #![doc = include_str!("../docs/crate.md")]
-#![doc = include_str!("../docs/architecture.md")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
 
@@ -11,7 +10,7 @@ compile_error!(
 );
 
 // The layers, top to bottom; no module imports from a layer above it (docs/architecture.md,
-// the crate docs' "Architecture"; tests/architecture.rs checks it).
+// for maintainers, not in the crate docs; tests/architecture.rs checks it).
 // API: what users call.
 mod admin;
 mod any;

@@ -237,6 +237,17 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// The lease [`Locker::lease`] returns for callers without an opinion.
     /// Default: [`DEFAULT_LEASE`] (30 s). When [`renew_interval`](Self::renew_interval)
     /// is set too, it must be at least twice that.
+    ///
+    /// How to pick: a holder that dies keeps the key until its row expires, between
+    /// `lease - renew interval` and `lease` after its death (renewal every
+    /// `min(10 s, lease / 3)`), and a living holder rides out a stall (a GC pause, a slow
+    /// network, a database failover) of about `lease - renew interval - margin`, the
+    /// margin being `min(100 ms, lease / 10) + lease / 100` (see
+    /// [`Locker::lease_margin`]), less one retry pause. 30 s suits locks around work; for
+    /// an [`Election`](crate::Election), where the lease is the failover time, 10-15 s
+    /// (client-go's leader election uses 15 s). A shorter lease means more renewals (one
+    /// batched statement per Locker and interval) and a lock lost to a shorter stall. The
+    /// README's "How long a lease" has a table.
     pub fn default_lease(mut self, lease: Duration) -> Self {
         self.default_lease = Some(lease);
         self

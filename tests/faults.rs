@@ -12,7 +12,8 @@
 //!
 //! Outside CI, a backend whose server binaries (or a scenario whose `faketime`) are not
 //! installed is skipped with the reason; with `CI` set, or the backend named in
-//! `DBLOCK_TEST_REQUIRE`, that is a failure. Group 11 runs PostgreSQL under Patroni (with
+//! `DBLOCK_TEST_REQUIRE`, that is a failure. The run's first lines (preflight.rs) name
+//! the selected groups that will be skipped, or fail, for that, and why. Group 11 runs PostgreSQL under Patroni (with
 //! etcd and HAProxy, private processes too); it is named `patroni` there. Group 10 runs a
 //! three-node MariaDB Galera cluster (galera-4, rsync); it is named `galera` there.
 //! Group 12 (`partition`) black-holes holders at random phases of their renewal (200
@@ -88,6 +89,8 @@ mod patroni_scenarios;
 mod pause;
 #[path = "faults/pool.rs"]
 mod pool;
+#[path = "faults/preflight.rs"]
+mod preflight;
 #[path = "faults/primitives.rs"]
 mod primitives;
 #[path = "common/proxy.rs"]
@@ -207,6 +210,8 @@ const SCENARIOS: &[&str] = &[
 
 async fn run_all(report: &Report, filter: &[String]) {
     let selection = Selection { filter };
+    // What will be skipped, said before the servers start: the summary comes much later.
+    preflight::print(&selection);
     let scratch = std::env::temp_dir().join(format!("dblock-faults-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).expect("scratch directory");
 
@@ -253,11 +258,16 @@ async fn run_all(report: &Report, filter: &[String]) {
 async fn start_server(kind: Kind, require_name: &str) -> Result<Server, (String, bool)> {
     let required = required(require_name);
     if !Server::installed(kind) {
-        return Err((format!("{kind:?} binaries are not installed"), required));
+        return Err((not_installed(kind), required));
     }
     Server::start(kind)
         .await
         .map_err(|err| (format!("{kind:?} did not start: {err}"), true))
+}
+
+/// Why a backend's track cannot run here.
+pub fn not_installed(kind: Kind) -> String {
+    format!("{kind:?} binaries are not installed")
 }
 
 /// Whether a missing `what` (a backend or tool) fails the run instead of skipping.

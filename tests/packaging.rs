@@ -30,7 +30,6 @@ fn the_package_holds_what_users_build_and_nothing_else() {
         "src/lib.rs",
         "src/bin/dblock/main.rs",
         "docs/crate.md",
-        "docs/architecture.md",
         "migrations/postgres/V1__distributed_lock.sql",
         "migrations/mysql/V1__distributed_lock.sql",
         "migrations/sqlite/V1__distributed_lock.sql",

@@ -43,6 +43,12 @@ const NAMES: [&str; 5] = [
     "8e failover to a semi-synchronous MariaDB replica",
 ];
 
+/// The cases on PostgreSQL's replication tools (8e is MariaDB's).
+pub const POSTGRES_NAMES: [&str; 4] = [NAMES[0], NAMES[1], NAMES[2], NAMES[3]];
+
+/// Why the PostgreSQL cases cannot run here.
+pub const NO_REPLICA_TOOLS: &str = "pg_basebackup / pg_ctl are not installed";
+
 /// Short, so that 8b's failover outlasts it quickly; renewed every second.
 pub const LEASE: Duration = Duration::from_secs(3);
 /// The renewal interval the lockers use for [`LEASE`] (`lease / 3`).
@@ -101,7 +107,7 @@ fn ready() -> Res<()> {
     if replica::installed() {
         return Ok(());
     }
-    let reason = "pg_basebackup / pg_ctl are not installed".to_owned();
+    let reason = NO_REPLICA_TOOLS.to_owned();
     if required("postgres") {
         return Err(reason.into());
     }

@@ -61,9 +61,7 @@ pub async fn run_all(report: &Report, selection: &Selection<'_>) {
     if !NAMES.iter().any(|name| selection.wants(name)) {
         return;
     }
-    let missing = missing();
-    if !missing.is_empty() {
-        let reason = format!("not installed: {}", missing.join(", "));
+    if let Some(reason) = unmet() {
         return unavailable(report, selection, reason, required("patroni"));
     }
     let started = Instant::now();
@@ -115,6 +113,12 @@ pub async fn run_all(report: &Report, selection: &Selection<'_>) {
         async |ctx: &mut Ctx<Postgres>| patroni_election::run(ctx, c).await,
     )
     .await;
+}
+
+/// Why the group cannot run here: the packages missing, if any.
+pub fn unmet() -> Option<String> {
+    let missing = missing();
+    (!missing.is_empty()).then(|| format!("not installed: {}", missing.join(", ")))
 }
 
 /// A row for each selected scenario: failed if `required`, else skipped.

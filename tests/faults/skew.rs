@@ -14,25 +14,30 @@ use crate::{Ctx, HOLDER_START, NotApplicable, Res, Selection, Skipped, required,
 
 pub const NAME: &str = "5 client clock skew";
 
+/// The cases, in the order they run.
+pub const NAMES: [&str; 4] = [
+    "5a client clock 1 h ahead",
+    "5b client clock 1 h behind",
+    "5c job minimum hold, clock 1 h ahead",
+    "5d job minimum hold, clock 1 h behind",
+];
+
+/// Why the cases cannot run here.
+pub const NO_FAKETIME: &str = "libfaketime is not installed (apt-get install faketime)";
+
 const LEASE: Duration = Duration::from_secs(2);
 /// How late after the database expiry a waiting client may get the lock (its backoff
 /// sleeps up to 500 ms between attempts).
 const TAKEOVER_SLACK: Duration = Duration::from_secs(1);
 
 pub async fn run_all<DB: FaultDb>(ctx: &mut Ctx<DB>, report: &Report, selection: &Selection<'_>) {
-    for (name, offset, seconds) in [
-        ("5a client clock 1 h ahead", "+1h", 3600),
-        ("5b client clock 1 h behind", "-1h", -3600),
-    ] {
+    for (name, offset, seconds) in [(NAMES[0], "+1h", 3600), (NAMES[1], "-1h", -3600)] {
         scenario(ctx, report, selection, name, async |ctx: &mut Ctx<DB>| {
             skewed(ctx, offset, seconds).await
         })
         .await;
     }
-    for (name, offset) in [
-        ("5c job minimum hold, clock 1 h ahead", "+1h"),
-        ("5d job minimum hold, clock 1 h behind", "-1h"),
-    ] {
+    for (name, offset) in [(NAMES[2], "+1h"), (NAMES[3], "-1h")] {
         scenario(ctx, report, selection, name, async |ctx: &mut Ctx<DB>| {
             skewed_job(ctx, offset).await
         })
@@ -204,7 +209,7 @@ fn can_skew<DB: FaultDb>(ctx: &Ctx<DB>) -> Res<()> {
         .into());
     }
     if libfaketime().is_none() {
-        let reason = "libfaketime is not installed (apt-get install faketime)".to_owned();
+        let reason = NO_FAKETIME.to_owned();
         if required("faketime") {
             return Err(reason.into());
         }
