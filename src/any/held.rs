@@ -61,12 +61,12 @@ macro_rules! lease_methods {
         }
 
         #[doc = concat!("[`", $typed, "::lost_reason`](crate::", $typed, "::lost_reason): `None` while held.")]
-        pub fn lost_reason(&self) -> Option<crate::LostReason> {
+        pub fn lost_reason(&self) -> Option<crate::error::LostReason> {
             super::dispatch!(&self.0, $of, inner => inner.lost_reason())
         }
 
         #[doc = concat!("[`", $typed, "::ensure_held`](crate::", $typed, "::ensure_held): a local check, no statement.")]
-        pub fn ensure_held(&self) -> crate::Result<()> {
+        pub fn ensure_held(&self) -> crate::error::Result<()> {
             super::dispatch!(&self.0, $of, inner => inner.ensure_held())
         }
 
@@ -79,7 +79,7 @@ macro_rules! lease_methods {
         ///
         /// # Cancel safety
         /// Cancel safe: it only watches.
-        pub async fn lost(&self) -> crate::LostReason {
+        pub async fn lost(&self) -> crate::error::LostReason {
             super::dispatch!(&self.0, $of, inner => inner.lost().await)
         }
     };
@@ -114,7 +114,7 @@ macro_rules! row_methods {
         pub async fn extend(
             &self,
             lease: std::time::Duration,
-        ) -> crate::Result<chrono::DateTime<chrono::Utc>> {
+        ) -> crate::error::Result<chrono::DateTime<chrono::Utc>> {
             super::dispatch!(&self.0, $of, inner => inner.extend(lease).await)
         }
 
@@ -130,7 +130,7 @@ macro_rules! row_methods {
         pub async fn assert_held(
             &self,
             tx: &mut super::AnyTransaction,
-        ) -> crate::Result<()> {
+        ) -> crate::error::Result<()> {
             super::dispatch!(&self.0, $of, inner => {
                 inner.assert_held(super::held::tx_of(tx)?).await
             })
@@ -144,7 +144,7 @@ macro_rules! row_methods {
         /// # Cancel safety
         /// As [`LockGuard::commit`](crate::LockGuard::commit): dropped before the answer,
         /// the transaction may or may not have committed.
-        pub async fn commit(&self, tx: super::AnyTransaction) -> crate::Result<()> {
+        pub async fn commit(&self, tx: super::AnyTransaction) -> crate::error::Result<()> {
             super::dispatch!(&self.0, $of, inner => {
                 inner.commit(super::held::take_tx(tx)?).await
             })
@@ -156,7 +156,7 @@ macro_rules! row_methods {
         ///
         /// # Cancel safety
         /// Cancel safe: it only reads.
-        pub async fn explain(&self, err: sqlx::Error) -> crate::Error {
+        pub async fn explain(&self, err: sqlx::Error) -> crate::error::Error {
             super::dispatch!(&self.0, $of, inner => inner.explain(err).await)
         }
     };
