@@ -261,10 +261,13 @@ pub async fn any_acquire_all_is_all_or_nothing<DB: TestBackend>() {
     assert_eq!(both.lost_reason(), None);
     both.release().await.unwrap();
     let later = any
-        .try_acquire_all(&["acct:3", "acct:9"], LONG)
+        .try_acquire_all(&["acct:9", "acct:3"], LONG)
         .await
-        .unwrap();
-    later.expect("free now").release().await.unwrap();
+        .unwrap()
+        .expect("free now");
+    assert_eq!(later.keys(), ["acct:3", "acct:9"]);
+    assert_eq!(db.plain.row_count().await, 2, "a row per key");
+    later.release().await.unwrap();
     assert_eq!(db.plain.row_count().await, 0);
 }
 
