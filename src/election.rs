@@ -226,7 +226,7 @@ impl<DB: Backend> Leadership<DB> {
     }
 }
 
-/// What [`Election::run_as`] and [`Election::spawn_as`](crate::Election) need of a won
+/// What [`Election::run_as`] and `Election::spawn_as` (campaign.rs) need of a won
 /// lead: a [`Leadership`], or an [`AnyLeadership`](crate::AnyLeadership) over one, so
 /// that the work receives the type its caller asked for while the loops stay here.
 pub(crate) trait Lead: Send + Sync + Sized {
