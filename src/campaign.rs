@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::validate_lease;
 use crate::dialect::Backend;
-use crate::election::{Election, Leadership, validate_identity};
+use crate::election::{Election, Lead, Leadership, validate_identity};
 use crate::error::Result;
 use crate::primitive::validate_name;
 
@@ -168,6 +168,24 @@ impl<DB: Backend> Election<DB> {
         F: Fn(Arc<Leadership<DB>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<(), WorkError>> + Send,
     {
+        self.spawn_as(identity, lease, std::convert::identity, work)
+    }
+
+    /// [`spawn`](Self::spawn) with each won leadership wrapped by `wrap` before `work`
+    /// sees it (an [`AnyElection`](crate::AnyElection)'s candidates get an
+    /// [`AnyLeadership`](crate::AnyLeadership)).
+    pub(crate) fn spawn_as<G, F, Fut>(
+        &self,
+        identity: &str,
+        lease: Duration,
+        wrap: fn(Leadership<DB>) -> G,
+        work: F,
+    ) -> Result<CampaignHandle>
+    where
+        G: Lead + 'static,
+        F: Fn(Arc<G>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), WorkError>> + Send,
+    {
         validate_name(self.name(), "leader".len())?;
         validate_identity(identity)?;
         validate_lease(lease)?;
@@ -179,7 +197,7 @@ impl<DB: Backend> Election<DB> {
         let (stopping, shared) = (stop.clone(), Arc::clone(&state));
         let task = tokio::spawn(async move {
             election
-                .keep_campaigning(&identity, lease, &work, &stopping, &shared)
+                .keep_campaigning(&identity, lease, wrap, &work, &stopping, &shared)
                 .await;
         });
         Ok(CampaignHandle {
@@ -189,15 +207,17 @@ impl<DB: Backend> Election<DB> {
         })
     }
 
-    async fn keep_campaigning<F, Fut>(
+    async fn keep_campaigning<G, F, Fut>(
         &self,
         identity: &str,
         lease: Duration,
+        wrap: fn(Leadership<DB>) -> G,
         work: &F,
         stopping: &CancellationToken,
         state: &CampaignState,
     ) where
-        F: Fn(Arc<Leadership<DB>>) -> Fut,
+        G: Lead,
+        F: Fn(Arc<G>) -> Fut,
         Fut: Future<Output = std::result::Result<(), WorkError>>,
     {
         let pause = self.locker().core.retry.max;
@@ -207,7 +227,7 @@ impl<DB: Backend> Election<DB> {
                 campaign = self.campaign(identity, lease) => campaign,
             };
             let leadership = match campaign {
-                Ok(leadership) => Arc::new(leadership),
+                Ok(leadership) => Arc::new(wrap(leadership)),
                 Err(err) => {
                     tracing::warn!(election = %self.name(), error = %err, "campaign failed; campaigning again");
                     pause_unless_stopped(pause, stopping).await;
@@ -219,11 +239,11 @@ impl<DB: Backend> Election<DB> {
             let end = tokio::select! {
                 biased;
                 _ = stopping.cancelled() => TermEnd::Stopped,
-                _ = leadership.lost() => TermEnd::Lost,
+                _ = leadership.on_lost() => TermEnd::Lost,
                 done = work(Arc::clone(&leadership)) => TermEnd::Done(done),
             };
             state.leading.store(false, Relaxed);
-            let term = leadership.term();
+            let term = leadership.lead_term();
             let failed = matches!(end, TermEnd::Done(Err(_)));
             match end {
                 TermEnd::Lost => {
@@ -247,10 +267,10 @@ impl<DB: Backend> Election<DB> {
 
 /// Resigns `leadership` if the work kept no clone of it; otherwise it is released when
 /// the last clone goes (in the background, as a dropped guard is).
-async fn resign<DB: Backend>(leadership: Arc<Leadership<DB>>, election: &str) {
+async fn resign<G: Lead>(leadership: Arc<G>, election: &str) {
     match Arc::try_unwrap(leadership) {
         Ok(leadership) => {
-            if let Err(err) = leadership.resign().await {
+            if let Err(err) = leadership.step_down().await {
                 tracing::debug!(election, error = %err, "resigning after the term ended");
             }
         }

@@ -17,7 +17,7 @@ use tokio::time::{Instant, sleep};
 use crate::acquire;
 use crate::config::{MAX_WAIT, validate_lease, validate_range};
 use crate::dialect::Backend;
-use crate::error::{Error, Result, shown_key};
+use crate::error::{Error, LostReason, Result, shown_key};
 use crate::guard::LockGuard;
 use crate::locker::Locker;
 use crate::metrics::{self, Kind};
@@ -236,6 +236,32 @@ impl<DB: Backend> Leadership<DB> {
     }
 }
 
+/// What [`Election::run_as`] and `Election::spawn_as` (campaign.rs) need of a won
+/// lead: a [`Leadership`], or an [`AnyLeadership`](crate::AnyLeadership) over one, so
+/// that the work receives the type its caller asked for while the loops stay here.
+pub(crate) trait Lead: Send + Sync + Sized {
+    /// The lead's term.
+    fn lead_term(&self) -> i64;
+    /// Completes with the reason when the lead is lost.
+    fn on_lost(&self) -> impl Future<Output = LostReason> + Send + '_;
+    /// [`Leadership::resign`].
+    fn step_down(self) -> impl Future<Output = Result<()>> + Send;
+}
+
+impl<DB: Backend> Lead for Leadership<DB> {
+    fn lead_term(&self) -> i64 {
+        self.term()
+    }
+
+    fn on_lost(&self) -> impl Future<Output = LostReason> + Send + '_ {
+        self.lost()
+    }
+
+    fn step_down(self) -> impl Future<Output = Result<()>> + Send {
+        self.resign()
+    }
+}
+
 impl<DB: Backend> Locker<DB> {
     /// The election `name`: see [`Election`]. Touches no database; the name is checked
     /// by the first call that would (a key without `~`, at most 121 bytes).
@@ -448,6 +474,23 @@ impl<DB: Backend> Election<DB> {
     where
         E: From<Error>,
     {
+        self.run_as(identity, lease, std::convert::identity, lead)
+            .await
+    }
+
+    /// [`run`](Self::run) with each won leadership wrapped by `wrap` before `lead` sees
+    /// it (an [`AnyElection`](crate::AnyElection) hands `lead` an
+    /// [`AnyLeadership`](crate::AnyLeadership)), so the loop is written once.
+    pub(crate) async fn run_as<G: Lead, T, E>(
+        &self,
+        identity: &str,
+        lease: Duration,
+        wrap: impl Fn(Leadership<DB>) -> G,
+        lead: impl AsyncFnOnce(&G) -> Result<T, E> + Clone,
+    ) -> Result<T, E>
+    where
+        E: From<Error>,
+    {
         let policy = self.locker.core.retry;
         let mut backoff = Backoff::new(&policy, Instant::now() + MAX_WAIT);
         loop {
@@ -461,15 +504,16 @@ impl<DB: Backend> Election<DB> {
                 }
                 Err(err) => return Err(err.into()),
             };
+            let leadership = wrap(leadership);
             backoff = Backoff::new(&policy, Instant::now() + MAX_WAIT);
             let outcome = tokio::select! {
                 biased;
-                reason = leadership.lost() => Err(reason),
+                reason = leadership.on_lost() => Err(reason),
                 done = lead.clone()(&leadership) => Ok(done),
             };
             match outcome {
                 Ok(done) => {
-                    if let Err(err) = leadership.resign().await {
+                    if let Err(err) = leadership.step_down().await {
                         tracing::debug!(election = %self.name, error = %err, "resigning after the work ended");
                     }
                     return done;
@@ -477,7 +521,7 @@ impl<DB: Backend> Election<DB> {
                 Err(reason) => {
                     // The lease's own WARN line ("lock lost") already said it: one line
                     // per lost lease.
-                    tracing::debug!(election = %self.name, term = leadership.term(), %reason, "leadership lost; campaigning again");
+                    tracing::debug!(election = %self.name, term = leadership.lead_term(), %reason, "leadership lost; campaigning again");
                 }
             }
         }

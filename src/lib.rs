@@ -60,7 +60,11 @@ mod retry;
 mod stats;
 
 pub use admin::{LockFilter, LockInfo, MAX_HELD_LONGER_THAN, MAX_LIST_LIMIT};
-pub use any::{AnyGuard, AnyJob, AnyLocker, AnyLockerBuilder, DEFAULT_ANY_MAX_CONNECTIONS};
+pub use any::{
+    AnyElection, AnyGuard, AnyJob, AnyLeadership, AnyLocker, AnyLockerBuilder, AnyMultiGuard,
+    AnyPermit, AnyReadGuard, AnyRwLock, AnySchedule, AnySemaphore, AnyTransaction, AnyWriteGuard,
+    DEFAULT_ANY_MAX_CONNECTIONS,
+};
 pub use config::{
     DEFAULT_LEASE, DEFAULT_LEASE_MARGIN, DEFAULT_REAP_BATCH, DEFAULT_REAP_INTERVAL,
     DEFAULT_RELAXED_TABLE, DEFAULT_RENEW_INTERVAL, DEFAULT_RETRY_INITIAL, DEFAULT_RETRY_MAX,

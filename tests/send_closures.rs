@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use dblock::sqlx::{Sqlite, SqlitePool};
 use dblock::{
-    AnyGuard, AnyLocker, Decision, Error, LockGuard, Locker, Outcome, RowLockMode, RowLocker,
-    Versioned,
+    AnyGuard, AnyLeadership, AnyLocker, Decision, Error, LockGuard, Locker, Outcome, RowLockMode,
+    RowLocker, Versioned,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -289,5 +289,89 @@ async fn schedule_in_spawned_tasks() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     locker.shutdown().await;
     pool.close().await;
+    remove(&path);
+}
+
+/// `AnyLocker`'s closure-taking primitives in spawned tasks: `AnyElection::run` with a
+/// borrowing async closure and an `async move` one taking the `&AnyLeadership`,
+/// `AnyElection::spawn` and `AnySchedule::run` with plain closures returning `async move`
+/// blocks, and `AnySchedule::run_once` with a borrowing async closure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_locker_primitives_in_spawned_tasks() {
+    let (pool, path) = pool().await;
+    pool.close().await;
+    let locker = AnyLocker::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    locker.migrate().await.unwrap();
+    let runs = std::sync::Arc::new(AtomicU32::new(0));
+    let period = Duration::from_secs(3600);
+
+    let (l, name, counter) = (locker.clone(), String::from("relay"), runs.clone());
+    let borrowing = tokio::spawn(async move {
+        l.election("e1")
+            .run("node-1", LEASE, async |leading: &AnyLeadership| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(format!("{name} {}", leading.term() > 0))
+            })
+            .await
+    });
+    let (l, name) = (locker.clone(), String::from("sweeper"));
+    let owning = tokio::spawn(async move {
+        l.election("e2")
+            .run("node-2", LEASE, async move |_leading: &AnyLeadership| {
+                Ok::<_, Error>(name)
+            })
+            .await
+    });
+    let (sent, mut led) = tokio::sync::mpsc::unbounded_channel();
+    let name = String::from("candidate");
+    let candidate = locker
+        .election("e3")
+        .spawn("node-3", LEASE, move |leading| {
+            let (name, sent) = (name.clone(), sent.clone());
+            async move {
+                sent.send(format!("{name} {}", leading.term() > 0)).ok();
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        })
+        .unwrap();
+    let (sent, mut ran) = tokio::sync::mpsc::unbounded_channel();
+    let (name, counter) = (String::from("hourly"), runs.clone());
+    let schedule = locker
+        .schedule("s1", period)
+        .run(move |period| {
+            let (name, counter, sent) = (name.clone(), counter.clone(), sent.clone());
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                sent.send(format!("{name} {}", period.number > 0)).ok();
+                Ok::<_, Error>(())
+            }
+        })
+        .unwrap();
+    let (l, name, counter) = (locker.clone(), String::from("once"), runs.clone());
+    let once = tokio::spawn(async move {
+        let tick = l
+            .schedule("s2", period)
+            .run_once(async |period| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(format!("{name} {}", period.fencing_token > 0))
+            })
+            .await?;
+        match tick.turn {
+            dblock::Turn::Ran { output, .. } => Ok::<_, Error>(output),
+            other => panic!("{other:?}"),
+        }
+    });
+    assert_eq!(borrowing.await.unwrap().unwrap(), "relay true");
+    assert_eq!(owning.await.unwrap().unwrap(), "sweeper");
+    assert_eq!(led.recv().await.unwrap(), "candidate true");
+    assert_eq!(ran.recv().await.unwrap(), "hourly true");
+    assert_eq!(once.await.unwrap().unwrap(), "once true");
+    assert_eq!(candidate.stop().await.terms, 1);
+    assert_eq!(schedule.stop().await.runs, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    locker.shutdown().await;
     remove(&path);
 }

@@ -5,15 +5,16 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::dispatch;
-use crate::error::{LostReason, Result};
+use super::held::{take_tx, tx_of};
+use super::{AnyTransaction, dispatch};
+use crate::error::{Error, LostReason, Result};
 use crate::guard::LockGuard;
 use crate::locker::Held;
 
 /// A lock held through an [`AnyLocker`](crate::AnyLocker): the backend's [`LockGuard`],
-/// with the same methods, renewal and drop behaviour (see [`LockGuard`]). Match the
-/// variant for what only the backend's guard has, such as
-/// [`LockGuard::assert_held`] in a transaction of that database.
+/// with the same methods, renewal and drop behaviour (see [`LockGuard`]), including the
+/// fencing of writes in an [`AnyTransaction`] ([`assert_held`](Self::assert_held),
+/// [`commit`](Self::commit)). Match the variant for the backend's guard itself.
 ///
 /// # Examples
 /// ```
@@ -28,8 +29,11 @@ use crate::locker::Held;
 /// println!("{} held by {} with token {}", guard.key(), guard.owner(), guard.fencing_token());
 /// assert_eq!(guard.lost_reason(), None);
 ///
+/// let mut tx = locker.begin().await?;
+/// guard.assert_held(&mut tx).await?; // the protected writes go in `tx`
+/// guard.commit(tx).await?;
 /// if let AnyGuard::Sqlite(sqlite) = &guard {
-///     // The backend's own guard: `assert_held` in a SQLite transaction, for example.
+///     // The backend's own guard.
 ///     assert_eq!(sqlite.key(), "invoice:42");
 /// }
 /// guard.release().await?; // Ok only if the lease was still live
@@ -126,6 +130,38 @@ impl AnyGuard {
     /// As [`LockGuard::extend`]: the lease was either extended or left as it was.
     pub async fn extend(&self, lease: Duration) -> Result<DateTime<Utc>> {
         dispatch!(self, AnyGuard, guard => guard.extend(lease).await)
+    }
+
+    /// [`LockGuard::assert_held`] in `tx`: `Ok` if the row is still this guard's,
+    /// locking it until `tx` ends; [`Error::NotHeld`](crate::Error::NotHeld) if not
+    /// (then roll `tx` back). [`Error::InvalidConfig`](crate::Error::InvalidConfig) if
+    /// `tx` is another database's (nothing is sent).
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::assert_held`]: a dropped check leaves `tx` to its owner, who
+    /// should roll it back.
+    pub async fn assert_held(&self, tx: &mut AnyTransaction) -> Result<()> {
+        dispatch!(self, AnyGuard, guard => guard.assert_held(tx_of(tx)?).await)
+    }
+
+    /// [`LockGuard::commit`]: commits `tx`, reading a conflict rollback as
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the lock is gone.
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) if `tx` is another
+    /// database's (it is rolled back).
+    ///
+    /// # Cancel safety
+    /// As [`LockGuard::commit`]: dropped before the answer, the transaction may or may
+    /// not have committed.
+    pub async fn commit(&self, tx: AnyTransaction) -> Result<()> {
+        dispatch!(self, AnyGuard, guard => guard.commit(take_tx(tx)?).await)
+    }
+
+    /// [`LockGuard::explain`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn explain(&self, err: sqlx::Error) -> Error {
+        dispatch!(self, AnyGuard, guard => guard.explain(err).await)
     }
 
     /// [`LockGuard::release`]: [`Error::NotHeld`](crate::Error::NotHeld) when the row is

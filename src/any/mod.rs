@@ -4,8 +4,15 @@
 //! private `dispatch!` below) and hands it to that Locker, so no lock logic lives here.
 
 mod builder;
+mod election;
 mod guard;
+mod held;
 mod job;
+mod multi;
+mod rwlock;
+mod schedule;
+mod semaphore;
+mod tx;
 
 use std::time::Duration;
 
@@ -17,13 +24,20 @@ use crate::reaper::{ReaperConfig, ReaperHandle};
 use crate::stats::Stats;
 
 pub use builder::{AnyLockerBuilder, DEFAULT_ANY_MAX_CONNECTIONS};
+pub use election::{AnyElection, AnyLeadership};
 pub use guard::AnyGuard;
 pub use job::AnyJob;
+pub use multi::AnyMultiGuard;
+pub use rwlock::{AnyReadGuard, AnyRwLock, AnyWriteGuard};
+pub use schedule::AnySchedule;
+pub use semaphore::{AnyPermit, AnySemaphore};
+pub use tx::AnyTransaction;
 
 /// Runs `$body` with `$x` bound to the inner value of whichever variant `$value` is
 /// (`dispatch!(self, AnyLocker, locker => locker.table())`); with `map`, wraps the
-/// result back into the same variant of `$enum`. The one place that lists the variants,
-/// so a backend's feature gate is written once per enum.
+/// result back into the same variant of `$enum`; with `into`, into the same variant of
+/// another enum (`dispatch!(into self, AnyLocker => SemaphoreOf, locker => ..)`). The one
+/// place that lists the variants, so a backend's feature gate is written once per enum.
 macro_rules! dispatch {
     ($value:expr, $enum:ident, $x:ident => $body:expr) => {
         match $value {
@@ -45,6 +59,16 @@ macro_rules! dispatch {
             $enum::Sqlite($x) => $enum::Sqlite($body),
         }
     };
+    (into $value:expr, $enum:ident => $into:ident, $x:ident => $body:expr) => {
+        match $value {
+            #[cfg(feature = "postgres")]
+            $enum::Postgres($x) => $into::Postgres($body),
+            #[cfg(feature = "mysql")]
+            $enum::MySql($x) => $into::MySql($body),
+            #[cfg(feature = "sqlite")]
+            $enum::Sqlite($x) => $into::Sqlite($body),
+        }
+    };
 }
 use dispatch;
 
@@ -52,13 +76,16 @@ use dispatch;
 /// [`AnyLocker::connect`] (or [`AnyLocker::builder`] for options), or from a `Locker`
 /// you built yourself (`AnyLocker::from(locker)`).
 ///
-/// It has the `Locker`'s calls for mutexes, jobs and administration, with the same
-/// defaults, errors and cancel safety (each method's documentation is the `Locker`
-/// method's it names); guards are [`AnyGuard`]s. For the rest (semaphores, read-write
-/// locks, elections, reentrant owners, `assert_held` in a transaction of your own),
-/// match the variant: each holds the backend's `Locker`, whose types are the usual
-/// ones. A variant exists only with its cargo feature (`postgres`, `mysql`, `sqlite`),
-/// hence `#[non_exhaustive]`.
+/// It has the `Locker`'s calls, with the same defaults, errors and cancel safety (each
+/// method's documentation is the `Locker` method's it names), each answering with an
+/// Any type over the backend's: mutexes ([`AnyGuard`]), jobs ([`AnyJob`]), schedules
+/// ([`AnySchedule`]), semaphores ([`AnySemaphore`]), read-write locks ([`AnyRwLock`]),
+/// elections ([`AnyElection`]), several keys at once ([`AnyMultiGuard`]), and fencing in
+/// a transaction of your own ([`AnyLocker::begin`], an [`AnyTransaction`], and every Any
+/// guard's `assert_held` and `commit`), so code that takes the URL from configuration
+/// needs no `match` and no sqlx bounds. What is left (reentrant owners, PostgreSQL's
+/// options) is the backend's own `Locker`: match the variant. A variant exists only
+/// with its cargo feature (`postgres`, `mysql`, `sqlite`), hence `#[non_exhaustive]`.
 ///
 /// # Examples
 /// ```
@@ -84,11 +111,20 @@ use dispatch;
 ///     .await?;
 /// assert!(token > 0);
 ///
-/// // What AnyLocker does not wrap, the backend's own Locker has.
+/// // The other primitives, with no match on the backend.
+/// let exports = locker.semaphore("exports", 2);
+/// let permit = exports.try_acquire(lease).await?.expect("a free permit");
+/// let leading = locker.election("relay").campaign("node-1", lease).await?;
+/// let mut tx = locker.begin().await?;
+/// leading.assert_held(&mut tx).await?; // fenced by the leader's term
+/// leading.commit(tx).await?;
+/// leading.resign().await?;
+/// permit.release().await?;
+///
+/// // What AnyLocker does not wrap (a reentrant owner), the backend's own Locker has.
 /// if let AnyLocker::Sqlite(sqlite) = &locker {
-///     let permits = sqlite.semaphore("exports", 2);
-///     let permit = permits.try_acquire(lease).await?.expect("a free permit");
-///     permit.release().await?;
+///     let owner = sqlite.owner();
+///     owner.try_acquire("nested", lease).await?.expect("free").release().await?;
 /// }
 /// # Ok(()) }
 /// ```

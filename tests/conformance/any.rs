@@ -17,7 +17,7 @@ const RACERS: usize = 16;
 
 /// The test's table, unmigrated, and an AnyLocker on it built from the URL; the
 /// AnyLocker migrates it (every migration, once).
-async fn open<DB: TestBackend>() -> Option<(TestDb<DB>, AnyLocker)> {
+pub(super) async fn open<DB: TestBackend>() -> Option<(TestDb<DB>, AnyLocker)> {
     let db = TestDb::<DB>::open_unmigrated().await?;
     let any = AnyLocker::builder(&DB::url(&db.location))
         .table(&db.table)

@@ -4,6 +4,7 @@
 mod admin;
 mod adversary;
 mod any;
+mod any_primitives;
 mod bells;
 mod bounds;
 mod campaign;
@@ -36,6 +37,7 @@ use std::time::Duration;
 pub use admin::*;
 pub use adversary::*;
 pub use any::*;
+pub use any_primitives::*;
 pub use bells::*;
 pub use bounds::*;
 pub use campaign::*;
@@ -155,6 +157,12 @@ macro_rules! conformance_suite {
             any_locker_times_out,
             any_locker_job_runs_once,
             any_locker_refuses_bad_input,
+            any_semaphore_admits_exactly_its_permits,
+            any_rw_lock_excludes,
+            any_election_has_one_leader_and_hands_over,
+            any_acquire_all_is_all_or_nothing,
+            any_schedule_runs_once_per_period,
+            any_guards_fence_writes_in_an_any_transaction,
             every_call_returns_within_its_bound_under_a_black_hole,
             an_abandoned_attempt_never_commits_after_its_deadline,
             pool_timeouts_say_whether_connections_answered,
