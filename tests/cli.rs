@@ -648,7 +648,7 @@ async fn postgres_schema_qualified_table() {
     let applied = run(&["migrate"]).await;
     assert_eq!(
         applied.ok(),
-        format!("applied 3 migrations to table \"{table}\"\n")
+        format!("applied 4 migrations to table \"{table}\"\n")
     );
     let locker = dblock::Locker::builder(db.pool.clone())
         .table(&table)
@@ -711,7 +711,7 @@ async fn print_sql_needs_no_database() {
     let cases = [
         (
             format!("postgres://u@127.0.0.1:{port}/test"),
-            3,
+            4,
             "CREATE SEQUENCE IF NOT EXISTS locks_fencing_seq",
         ),
         (

@@ -10,7 +10,7 @@
 --    a reader, which holds the grant's lock shared while it inserts its row, either
 --    committed before (seen in step 3) or commits after this write and then finds the
 --    writer's row on its own look (it steps back).
--- 3. The looks: a live writer's or grant row, then a live reader's row. A VOLATILE
+-- 3. The looks, one query: a live writer's or grant row, a live reader's row. A VOLATILE
 --    PL/pgSQL function takes a fresh snapshot for each statement (READ COMMITTED), so a
 --    look sees every row committed before it, including those committed while this call
 --    waited in step 2; a statement's single snapshot, taken before those waits, would not.
@@ -29,24 +29,26 @@ RETURNS TABLE (outcome text, writer_token bigint, writer_expires timestamptz,
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
+    is_held boolean;
+    is_read boolean;
     taken bigint;
 BEGIN
     PERFORM set_config('lock_timeout', wait_millis::text, true);
     PERFORM pg_advisory_xact_lock(hashtextextended('{table}:' || writer, 0));
     PERFORM pg_advisory_xact_lock(hashtextextended('{table}:' || grant_key, 0));
-    IF EXISTS (SELECT 1 FROM {table} AS t
-                WHERE t.lock_key IN (writer, grant_key)
-                  AND t.expire_time > clock_timestamp()) THEN
-        RETURN QUERY SELECT 'held'::text, NULL::bigint, NULL::timestamptz, NULL::bigint,
-                            NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT 1 FROM {table} AS t
-                WHERE t.lock_key COLLATE "C" >= readers_from
-                  AND t.lock_key COLLATE "C" < readers_to
-                  AND t.expire_time > clock_timestamp()) THEN
-        RETURN QUERY SELECT 'read'::text, NULL::bigint, NULL::timestamptz, NULL::bigint,
-                            NULL::timestamptz;
+    -- Both looks in one query (one executor run; each of its two scans sees the same
+    -- fresh snapshot, taken after the waits above).
+    SELECT EXISTS (SELECT 1 FROM {table} AS t
+                    WHERE t.lock_key IN (writer, grant_key)
+                      AND t.expire_time > clock_timestamp()),
+           EXISTS (SELECT 1 FROM {table} AS t
+                    WHERE t.lock_key COLLATE "C" >= readers_from
+                      AND t.lock_key COLLATE "C" < readers_to
+                      AND t.expire_time > clock_timestamp())
+      INTO is_held, is_read;
+    IF is_held OR is_read THEN
+        RETURN QUERY SELECT CASE WHEN is_held THEN 'held' ELSE 'read' END, NULL::bigint,
+                            NULL::timestamptz, NULL::bigint, NULL::timestamptz;
         RETURN;
     END IF;
     IF relaxed THEN
