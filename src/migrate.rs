@@ -116,8 +116,9 @@ fn version_of(name: &str) -> u32 {
     digits[..end].parse().unwrap_or(u32::MAX)
 }
 
-/// Whether `table`'s history holds exactly `migrations`, each with its checksum: then
-/// there is nothing to do, and refinery is not run at all. It would only read the same
+/// Whether `table`'s history holds `migrations`, each with its checksum, and nothing
+/// else but later steps of a newer dblock: then there is nothing to do, and refinery is not
+/// run at all. It would only read the same
 /// history (under the migration lock) and say so at INFO level through `log`, at every
 /// start of every replica of the application. Anything else (no history yet, a step
 /// pending, a checksum or a durability that differs, an error reading it) takes the full
@@ -133,13 +134,19 @@ async fn up_to_date<DB: Backend>(
     let Ok(history) = DB::history(&mut **conn, &query).await else {
         return false;
     };
-    let applied = history
+    let applied: Vec<(i64, Option<u64>)> = history
         .iter()
-        .map(|(version, _, _, checksum)| (*version, checksum.parse::<u64>().ok()));
-    let ours = migrations
+        .map(|(version, _, _, checksum)| (*version, checksum.parse::<u64>().ok()))
+        .collect();
+    let ours: Vec<(i64, Option<u64>)> = migrations
         .iter()
-        .map(|m| (i64::from(m.version()), Some(m.checksum())));
-    applied.eq(ours)
+        .map(|m| (i64::from(m.version()), Some(m.checksum())))
+        .collect();
+    // Steps after all of ours were applied by a newer dblock on the same table (a rolling
+    // upgrade: old and new replicas start side by side). Steps only add, so this version
+    // locks on that table as it is; refinery would refuse the run (a version missing from
+    // its list) and fail this replica's start.
+    applied.starts_with(&ours)
 }
 
 /// Applies the pending migrations for `table`, serialized across processes by the

@@ -94,3 +94,24 @@ pub async fn printed_sql_applied_by_another_tool<DB: TestBackend>() {
     second.release().await.unwrap();
     assert_eq!(db.locker.migrate().await.unwrap(), DB::MIGRATION_FILES);
 }
+
+/// A newer dblock migrated the table further (a rolling upgrade: its replicas start beside
+/// this version's): this version's `migrate` finds its own steps all applied, leaves the
+/// later ones alone and answers 0, and locks as before. Handed to refinery, the run is
+/// refused (a version missing from its list), and the replica would not start.
+pub async fn a_newer_dblocks_steps_are_left_alone<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let later = format!(
+        "INSERT INTO {}_history (version, name, applied_on, checksum) \
+         VALUES (9999, 'from_a_newer_dblock', '2026-12-07T00:00:00Z', '1')",
+        db.table
+    );
+    <DB as TestBackend>::run_script(&db.pool, later)
+        .await
+        .expect("a later step in the history");
+    assert_eq!(db.locker.migrate().await.unwrap(), 0);
+    let guard = db.locker.try_acquire("after", LONG).await.unwrap();
+    guard.expect("locks as before").release().await.unwrap();
+}

@@ -89,6 +89,7 @@ macro_rules! conformance_suite {
             acquire_times_out,
             with_lock_returns_and_releases,
             migrate_is_rerunnable,
+            a_newer_dblocks_steps_are_left_alone,
             concurrent_migrations,
             printed_sql_applied_by_another_tool,
             holder_keeps_lock_three_leases_long,
