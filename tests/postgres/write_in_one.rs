@@ -105,3 +105,62 @@ async fn without_the_function_a_write_takes_a_transaction() {
     assert_eq!(db.plain.row_count().await, 1, "nothing of the write kept");
     read.release().await.unwrap();
 }
+
+/// Never one row alone: a plain client that inserts the grant's row without the advisory
+/// lock, uncommitted while the write's statement runs, is not seen by the write's looks
+/// (its snapshot) but stops the write's insert of that row (the unique check waits for the
+/// client's commit, then finds the row live). The write has taken the writer's row by then:
+/// the call raises 55P03 and undoes it, and the write answers "not acquired" with no row
+/// of its own left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_takes_one_row_of_two_keeps_neither() {
+    let Some(db) = TestDb::<Postgres>::open().await else {
+        return;
+    };
+    let table = &db.table;
+    let lock = db.locker.rw_lock("rw");
+    lock.try_write(LONG)
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+
+    let mut plain = sqlx::PgConnection::connect(&db.location).await.unwrap();
+    let begin = format!(
+        "BEGIN; INSERT INTO {table} (lock_key, lock_value, expire_time) \
+         VALUES ('rw~write-grant', 'plain-client', now() + INTERVAL '30 seconds')"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(begin))
+        .execute(&mut plain)
+        .await
+        .unwrap();
+
+    let write = tokio::spawn(async move { lock.try_write(LONG).await });
+    wait_until(
+        "the write waits for the plain insert",
+        PATIENCE,
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            write.is_finished() || waiting > 0
+        },
+    )
+    .await;
+    sqlx::raw_sql("COMMIT").execute(&mut plain).await.unwrap();
+
+    let write = write.await.expect("the write's task").expect("try_write");
+    assert!(
+        write.is_none(),
+        "a write beside the plain client's grant row"
+    );
+    assert_eq!(db.plain.row_count().await, 1, "only the plain client's row");
+    let holder = db.locker.holder("rw~write-grant").await.unwrap().unwrap();
+    assert_eq!(holder.owner, "plain-client");
+    plain.close().await.unwrap();
+}
