@@ -133,10 +133,13 @@ fn read_acquire(acquire: &str) -> String {
 }
 
 // A write's look for live readers, inside its transaction: a statement of its own, so
-// that (READ COMMITTED) it sees every row committed before it began.
+// that (READ COMMITTED) it sees every row committed before it began. The `LIKE` (true of
+// every reader's row, `<name>~read-<hex>`) lets the readers' index of V5 serve the
+// byte-order range; on a table without it, the same scan as before.
 const LIVE_MEMBER: &str = "\
 SELECT EXISTS (SELECT 1 FROM {table}
                 WHERE lock_key COLLATE \"C\" >= $1 AND lock_key COLLATE \"C\" < $2
+                  AND lock_key LIKE '%~read-%'
                   AND expire_time > clock_timestamp())";
 
 // A read-write lock's write in one statement: the function of V5__write_in_one.sql (its

@@ -83,6 +83,7 @@ async fn a_schema_holds_its_lock_table() {
         "distributed_lock_history",
         "distributed_lock_history_pkey",
         "distributed_lock_pkey",
+        "distributed_lock_readers_idx",
         "distributed_lock_ticket",
         "distributed_lock_ticket_key_idx",
         "distributed_lock_ticket_pkey",

@@ -164,3 +164,37 @@ async fn a_write_that_takes_one_row_of_two_keeps_neither() {
     assert_eq!(holder.owner, "plain-client");
     plain.close().await.unwrap();
 }
+
+/// The look for a lock's live readers (a byte-order range of keys) can be served by an
+/// index, whatever the database's collation: V5's partial index of readers' rows, in
+/// `COLLATE "C"`. Without it the look scans the whole table, dead rows included, at every
+/// write. (Sequential scans are turned off here so that the plan shows whether an index
+/// *can* serve it: on a table this small the planner would scan anyway.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_look_for_readers_can_use_an_index() {
+    let Some(db) = TestDb::<Postgres>::open().await else {
+        return;
+    };
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET enable_seqscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // The look as LIVE_MEMBER and the function send it.
+    let explain = format!(
+        "EXPLAIN SELECT EXISTS (SELECT 1 FROM {} \
+          WHERE lock_key COLLATE \"C\" >= 'rw~read-' AND lock_key COLLATE \"C\" < 'rw~read.' \
+            AND lock_key LIKE '%~read-%' AND expire_time > clock_timestamp())",
+        db.table
+    );
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(plan.contains("_readers_idx"), "{plan}");
+    sqlx::raw_sql("RESET enable_seqscan")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
