@@ -25,53 +25,19 @@ async fn a_write_sees_a_reader_that_committed_while_it_waited() {
         return;
     };
     let table = &db.table;
-    let lock = db.locker.rw_lock("rw");
-    // Once, so that the write below goes straight to its statement.
-    lock.try_write(LONG)
-        .await
-        .unwrap()
-        .expect("free")
-        .release()
-        .await
-        .unwrap();
-
     // The reader's acquisition as dblock sends it, played by a plain client in two steps:
     // the grant's advisory lock shared, then the reader's row, committed only later.
-    let mut reader = sqlx::PgConnection::connect(&db.location).await.unwrap();
     let begin = format!(
         "BEGIN; SELECT pg_advisory_xact_lock_shared(hashtextextended('{table}:rw~write-grant', 0)); \
          INSERT INTO {table} (lock_key, lock_value, expire_time) \
          VALUES ('rw~read-00000000000000aa', 'plain-reader', now() + INTERVAL '30 seconds')"
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(begin))
-        .execute(&mut reader)
-        .await
-        .unwrap();
-
-    let write = tokio::spawn(async move { lock.try_write(LONG).await });
-    wait_until(
-        "the write waits for the grant's lock",
-        PATIENCE,
-        async || {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-            write.is_finished() || waiting > 0
-        },
-    )
-    .await;
-    sqlx::raw_sql("COMMIT").execute(&mut reader).await.unwrap();
-
-    let write = write.await.expect("the write's task").expect("try_write");
+    let write = write_beside_a_plain_transaction(&db, &begin, "advisory").await;
     assert!(
         write.is_none(),
         "a write was granted beside a reader that committed first"
     );
     assert_eq!(db.plain.row_count().await, 1, "only the reader's row");
-    reader.close().await.unwrap();
 }
 
 /// A table whose function is missing (migrated by an older dblock, or the function
@@ -118,43 +84,11 @@ async fn a_write_that_takes_one_row_of_two_keeps_neither() {
         return;
     };
     let table = &db.table;
-    let lock = db.locker.rw_lock("rw");
-    lock.try_write(LONG)
-        .await
-        .unwrap()
-        .expect("free")
-        .release()
-        .await
-        .unwrap();
-
-    let mut plain = sqlx::PgConnection::connect(&db.location).await.unwrap();
     let begin = format!(
         "BEGIN; INSERT INTO {table} (lock_key, lock_value, expire_time) \
          VALUES ('rw~write-grant', 'plain-client', now() + INTERVAL '30 seconds')"
     );
-    sqlx::raw_sql(sqlx::AssertSqlSafe(begin))
-        .execute(&mut plain)
-        .await
-        .unwrap();
-
-    let write = tokio::spawn(async move { lock.try_write(LONG).await });
-    wait_until(
-        "the write waits for the plain insert",
-        PATIENCE,
-        async || {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-            write.is_finished() || waiting > 0
-        },
-    )
-    .await;
-    sqlx::raw_sql("COMMIT").execute(&mut plain).await.unwrap();
-
-    let write = write.await.expect("the write's task").expect("try_write");
+    let write = write_beside_a_plain_transaction(&db, &begin, "transactionid").await;
     assert!(
         write.is_none(),
         "a write beside the plain client's grant row"
@@ -162,7 +96,6 @@ async fn a_write_that_takes_one_row_of_two_keeps_neither() {
     assert_eq!(db.plain.row_count().await, 1, "only the plain client's row");
     let holder = db.locker.holder("rw~write-grant").await.unwrap().unwrap();
     assert_eq!(holder.owner, "plain-client");
-    plain.close().await.unwrap();
 }
 
 /// The look for a lock's live readers (a byte-order range of keys) can be served by an
@@ -199,4 +132,44 @@ async fn the_look_for_readers_can_use_an_index() {
     // itself) perhaps the primary key; never a scan of the table.
     assert!(!plan.contains("Seq Scan"), "{plan}");
     assert!(plan.contains("Index"), "{plan}");
+}
+
+/// A plain client's transaction begun with `begin` (left open), then a `try_write` of the
+/// lock `rw` that waits for it (a lock of `waits_on`'s type not granted, in `pg_locks`),
+/// then the plain client's COMMIT: what the write answered. The lock's first write
+/// happens before, so that the watched one goes straight to its statement.
+async fn write_beside_a_plain_transaction(
+    db: &TestDb<Postgres>,
+    begin: &str,
+    waits_on: &str,
+) -> Option<dblock::WriteGuard<Postgres>> {
+    let lock = db.locker.rw_lock("rw");
+    let first = lock.try_write(LONG).await.unwrap().expect("free");
+    first.release().await.unwrap();
+
+    let mut plain = sqlx::PgConnection::connect(&db.location).await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(begin.to_owned()))
+        .execute(&mut plain)
+        .await
+        .unwrap();
+    let write = tokio::spawn(async move { lock.try_write(LONG).await });
+    wait_until(
+        "the write waits for the plain client",
+        PATIENCE,
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = $1 AND NOT granted",
+            )
+            .bind(waits_on)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            write.is_finished() || waiting > 0
+        },
+    )
+    .await;
+    sqlx::raw_sql("COMMIT").execute(&mut plain).await.unwrap();
+    let write = write.await.expect("the write's task").expect("try_write");
+    plain.close().await.unwrap();
+    write
 }
