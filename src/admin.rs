@@ -140,6 +140,7 @@ impl From<Listed> for LockInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockFilter {
     prefix: String,
+    after: Option<String>,
     expired_only: bool,
     held_longer_than: Option<Duration>,
     limit: u32,
@@ -149,6 +150,7 @@ impl Default for LockFilter {
     fn default() -> Self {
         LockFilter {
             prefix: String::new(),
+            after: None,
             expired_only: false,
             held_longer_than: None,
             limit: 100,
@@ -165,6 +167,38 @@ impl LockFilter {
     /// Only keys that start with `prefix` (compared as bytes; empty: every key).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Only keys after `key` (exclusive, in the same byte order): pass the last key of a
+    /// page to read the next one. With a prefix, both hold.
+    ///
+    /// # Examples
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use dblock::LockFilter;
+    ///
+    /// # let pool = dblock::sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// # let locker = dblock::Locker::new(pool);
+    /// # locker.migrate().await?;
+    /// let mut guards = Vec::new();
+    /// for key in ["job:a", "job:b", "job:c"] {
+    ///     guards.push(locker.try_acquire(key, Duration::from_secs(30)).await?.unwrap());
+    /// }
+    /// let first = locker.list_matching(&LockFilter::new().prefix("job:").limit(2)).await?;
+    /// let last = &first.last().unwrap().key; // "job:b"
+    /// let next = locker
+    ///     .list_matching(&LockFilter::new().prefix("job:").after(last.as_str()).limit(2))
+    ///     .await?;
+    /// assert_eq!(next.len(), 1);
+    /// assert_eq!(next[0].key, "job:c");
+    /// # for guard in guards { guard.release().await?; }
+    /// # Ok(()) }
+    /// ```
+    pub fn after(mut self, key: impl Into<String>) -> Self {
+        self.after = Some(key.into());
         self
     }
 
@@ -193,6 +227,12 @@ impl LockFilter {
             // No key can have such a prefix; say why as for a key.
             validate_key(&self.prefix)?;
         }
+        if let Some(after) = &self.after {
+            // An empty `after` is a page before every key; any other must be a key.
+            if !after.is_empty() {
+                validate_key(after)?;
+            }
+        }
         if let Some(held) = self.held_longer_than {
             validate_range(
                 "held_longer_than",
@@ -218,8 +258,9 @@ impl<DB: Backend> Locker<DB> {
     /// SQLite the prefix is a range of the primary key; on PostgreSQL keys are compared
     /// as bytes whatever the database's collation, which filters the table instead.
     ///
-    /// Errors: [`Error::InvalidKey`] for a prefix no key can have, [`Error::InvalidConfig`]
-    /// for a limit out of range, [`Error::InvalidDuration`] for a held time over
+    /// Errors: [`Error::InvalidKey`] for a prefix no key can have or an
+    /// [`after`](LockFilter::after) that is no key, [`Error::InvalidConfig`] for a limit
+    /// out of range, [`Error::InvalidDuration`] for a held time over
     /// [`MAX_HELD_LONGER_THAN`] (nothing is read).
     ///
     /// # Cancel safety
@@ -238,8 +279,9 @@ impl<DB: Backend> Locker<DB> {
         let rows = self
             .core
             .table
-            .list(
+            .list_after(
                 &filter.prefix,
+                filter.after.as_deref().filter(|after| !after.is_empty()),
                 filter.held_longer_than,
                 filter.expired_only.then_some(true),
                 filter.limit,

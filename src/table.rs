@@ -1107,10 +1107,30 @@ impl<DB: Backend> LockTable<DB> {
         expired: Option<bool>,
         limit: u32,
     ) -> Result<Vec<Listed>> {
+        self.list_after(prefix, None, held, expired, limit).await
+    }
+
+    /// [`list`](Self::list) of the keys after `after` (exclusive): the next page of a
+    /// listing whose previous page ended at `after`.
+    pub(crate) async fn list_after(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        held: Option<Duration>,
+        expired: Option<bool>,
+        limit: u32,
+    ) -> Result<Vec<Listed>> {
         let until = prefix_end(prefix);
+        // The range starts at the later of the two bounds, so that MySQL's and SQLite's
+        // primary key (a byte range) seeks to the page instead of reading up to it.
+        let from = match after {
+            Some(after) if after > prefix => after,
+            _ => prefix,
+        };
         let query = ListQuery {
-            from: prefix,
+            from,
             until: until.as_deref(),
+            after,
             held_micros: held.map(micros),
             expired,
             limit: i64::from(limit),

@@ -360,6 +360,7 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
  WHERE t.lock_key >= ? AND (? IS NULL OR t.lock_key < ?)
    AND (? IS NULL OR t.acquired_at <= c.db_now - INTERVAL ? MICROSECOND)
    AND (? IS NULL OR (t.expire_time <= c.db_now) = ?)
+   AND (? IS NULL OR t.lock_key > ?)
  ORDER BY t.lock_key
  LIMIT ?";
 
@@ -863,6 +864,8 @@ impl LockSql for MySql {
             .bind(query.held_micros)
             .bind(query.expired)
             .bind(query.expired)
+            .bind(query.after.map(str::as_bytes))
+            .bind(query.after.map(str::as_bytes))
             .bind(query.limit)
             .fetch_all(conn)
             .await?;

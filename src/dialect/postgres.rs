@@ -333,6 +333,7 @@ SELECT t.lock_key::text, t.lock_value::text, t.fencing_token, t.acquired_at, t.e
    AND ($2::text IS NULL OR t.lock_key COLLATE \"C\" < $2)
    AND ($3::bigint IS NULL OR t.acquired_at <= c.db_now - $3 * INTERVAL '1 microsecond')
    AND ($4::boolean IS NULL OR (t.expire_time <= c.db_now) = $4)
+   AND ($6::text IS NULL OR t.lock_key COLLATE \"C\" > $6)
  ORDER BY t.lock_key COLLATE \"C\"
  LIMIT $5";
 

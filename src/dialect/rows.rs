@@ -146,6 +146,8 @@ pub struct ListQuery<'a> {
     pub from: &'a str,
     /// The first key past the range.
     pub until: Option<&'a str>,
+    /// Only keys after this one (exclusive): the last key of the previous page.
+    pub after: Option<&'a str>,
     /// Only rows acquired at least this many microseconds ago (database clock).
     pub held_micros: Option<i64>,
     /// `Some(true)`: only rows whose lease has run out (database clock); `Some(false)`:

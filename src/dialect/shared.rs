@@ -222,6 +222,7 @@ macro_rules! returning_lock_statements {
                 .bind(query.held_micros.map(since_param))
                 .bind(query.expired)
                 .bind(query.limit)
+                .bind(query.after)
                 .fetch_all(conn)
                 .await?;
             Ok(rows.into_iter().map(super::Listed::from).collect())

@@ -135,6 +135,7 @@ SELECT t.lock_key, t.lock_value, t.fencing_token, t.acquired_at, t.expire_time,
  WHERE t.lock_key >= ?1 AND (?2 IS NULL OR t.lock_key < ?2)
    AND (?3 IS NULL OR t.acquired_at <= strftime('%Y-%m-%d %H:%M:%f', c.db_now, ?3))
    AND (?4 IS NULL OR (t.expire_time <= c.db_now) = ?4)
+   AND (?6 IS NULL OR t.lock_key > ?6)
  ORDER BY t.lock_key
  LIMIT ?5";
 

@@ -137,6 +137,45 @@ pub async fn list_shows_every_row_in_key_order<DB: TestBackend>() {
     );
 }
 
+/// `LockFilter::after` pages through a listing in key order (bytes): each page starts right
+/// after the previous page's last key, with or without a prefix, whether or not that key
+/// is still there; an `after` before the prefix leaves the prefix in charge.
+pub async fn list_pages_after_a_key<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let locker = &db.locker;
+    let mut guards = Vec::new();
+    for key in ["p:d", "p:a", "o:z", "p:ключ", "p:c", "q:x", "p:e", "p:b"] {
+        guards.push(locker.try_acquire(key, LONG).await.unwrap().unwrap());
+    }
+    let page = async |prefix: &str, after: &str, limit: u32| {
+        let filter = LockFilter::new().prefix(prefix).after(after).limit(limit);
+        let rows = locker.list_matching(&filter).await.unwrap();
+        rows.into_iter().map(|row| row.key).collect::<Vec<_>>()
+    };
+    assert_eq!(page("p:", "", 2).await, ["p:a", "p:b"]);
+    assert_eq!(page("p:", "p:b", 2).await, ["p:c", "p:d"]);
+    assert_eq!(page("p:", "p:d", 2).await, ["p:e", "p:ключ"]);
+    assert!(page("p:", "p:ключ", 2).await.is_empty());
+    // A key that is not (or no longer) there: the page starts at the next one.
+    assert_eq!(page("p:", "p:bb", 2).await, ["p:c", "p:d"]);
+    // Before the prefix, or the prefix itself: the prefix's first page.
+    assert_eq!(page("p:", "a", 2).await, ["p:a", "p:b"]);
+    assert_eq!(page("p:", "p:", 2).await, ["p:a", "p:b"]);
+    // Without a prefix, past the last `p:` key.
+    assert_eq!(page("", "p:ключ", 10).await, ["q:x"]);
+    assert_eq!(page("", "o:z", 1).await, ["p:a"]);
+    let bad = LockFilter::new().after("a\0b");
+    assert!(matches!(
+        locker.list_matching(&bad).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
 /// An operator deletes a lock another Locker holds: the holder's guard reports
 /// `lost(Deleted)` at its next renewal, a waiter elsewhere gets the key (on PostgreSQL
 /// woken at once, as by a release), and its fencing token is greater.

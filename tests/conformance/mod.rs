@@ -126,6 +126,7 @@ macro_rules! conformance_suite {
             killed_listener_comes_back,
             waiters_hold_no_connection,
             list_shows_every_row_in_key_order,
+            list_pages_after_a_key,
             force_release_fires_lost_and_wakes_a_waiter,
             leak_check_reports_long_held_rows,
             try_with_lock_skips_a_held_key,
