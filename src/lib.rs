@@ -11,6 +11,9 @@ compile_error!(
 
 // The layers, top to bottom; no module imports from a layer above it (docs/architecture.md,
 // for maintainers, not in the crate docs; tests/architecture.rs checks it).
+// The web console (cargo feature `web`): pages over the API.
+#[cfg(feature = "web")]
+pub mod web;
 // API: what users call.
 mod admin;
 mod any;

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 /// The layers, top to bottom, as `src/lib.rs` lists them. A module may import from its
 /// own layer (without a circle) and from any layer below it.
 const LAYERS: &[(&str, &[&str])] = &[
+    // The web console (feature `web`): pages over the API, which nothing below may use.
+    ("console", &["web"]),
     (
         "API",
         &[

@@ -1,0 +1,382 @@
+//! The web console, read through its Router with `oneshot` (no server, no browser), on
+//! every backend: what the pages show, what they escape, what they never show, paging,
+//! and force-release (403 unless enabled; CSRF and cross-site checks before any delete).
+
+// This binary uses part of the shared harness; the rest is for the conformance binaries.
+#[allow(dead_code)]
+mod common;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{TestBackend, TestDb};
+use dblock::web::{self, Console};
+use tower::ServiceExt as _;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+/// A form's fields, or a request's extra headers.
+type Pairs<'a> = &'a [(&'a str, &'a str)];
+
+/// The answer to one request: status and body.
+async fn send(router: &Router, request: Request<Body>) -> (StatusCode, String) {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
+        .await
+        .unwrap();
+    (status, String::from_utf8(body.to_vec()).unwrap())
+}
+
+async fn get(router: &Router, uri: &str) -> (StatusCode, String) {
+    send(router, Request::get(uri).body(Body::empty()).unwrap()).await
+}
+
+/// A form post, with extra headers.
+async fn post(
+    router: &Router,
+    uri: &str,
+    fields: &[(&str, &str)],
+    headers: &[(&str, &str)],
+) -> (StatusCode, String) {
+    let body: Vec<String> = fields
+        .iter()
+        .map(|(name, value)| format!("{name}={}", form_encoded(value)))
+        .collect();
+    let mut request =
+        Request::post(uri).header("content-type", "application/x-www-form-urlencoded");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    send(router, request.body(Body::from(body.join("&"))).unwrap()).await
+}
+
+fn form_encoded(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                char::from(byte).to_string()
+            }
+            _ => format!("%{byte:02X}"),
+        })
+        .collect()
+}
+
+/// The value of the hidden `csrf` field of a confirmation page.
+fn csrf_of(page: &str) -> String {
+    let at = page.find(r#"name="csrf" value=""#).expect("a CSRF field") + 19;
+    page[at..].split('"').next().unwrap().to_owned()
+}
+
+/// How many rows of the locks page's table a page shows.
+fn rows_on(page: &str) -> usize {
+    let body = page.split("<tbody>").nth(1).expect("a table body");
+    body.split("</tbody>")
+        .next()
+        .unwrap()
+        .matches("<tr")
+        .count()
+}
+
+/// A held lock shows with its key (linked to its timeline), owner and fencing token; the
+/// other pages answer too.
+async fn a_held_lock_shows_with_its_owner_and_token<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db
+        .locker
+        .try_acquire("invoice:42", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let router = web::router(db.locker.clone());
+    let (status, page) = get(&router, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains(">invoice:42</a>"), "{page}");
+    assert!(page.contains(r#"href="/key/invoice%3A42""#), "{page}");
+    assert!(page.contains(guard.owner()), "{page}");
+    assert!(
+        page.contains(&format!(">{}</td>", guard.fencing_token())),
+        "{page}"
+    );
+    assert_eq!(rows_on(&page), 1);
+    // Read-only: no release form.
+    assert!(!page.contains("/release/confirm"), "{page}");
+    for path in [
+        "/primitives",
+        "/metrics",
+        "/assets/console.css",
+        "/assets/console.js",
+    ] {
+        let (status, _) = get(&router, path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+    guard.release().await.unwrap();
+}
+
+/// Keys and owners are user data: a key `<script>` and an owner with `"&<` show as text,
+/// on the locks page, the primitives page and the confirmation page.
+async fn keys_and_owners_are_escaped<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let locker = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .auto_renew(false)
+        .owner_prefix("a\"&<b:")
+        .build()
+        .unwrap();
+    let key = "<script>alert(1)</script>";
+    let guard = locker.try_acquire(key, LEASE).await.unwrap().unwrap();
+    let leader = locker
+        .election("<i>e")
+        .campaign("x\"&<y", LEASE)
+        .await
+        .unwrap();
+    let router = Console::new(locker.clone())
+        .allow_force_release("ops")
+        .router();
+    let (_, locks) = get(&router, "/").await;
+    let (_, primitives) = get(&router, "/primitives").await;
+    let (_, confirm) = post(&router, "/release/confirm", &[("key", key)], &[]).await;
+    for page in [&locks, &primitives, &confirm] {
+        assert!(!page.contains("<script>alert"), "{page}");
+        assert!(!page.contains("a\"&<b"), "{page}");
+        assert!(!page.contains("<i>e"), "{page}");
+        assert!(!page.contains("x\"&<y"), "{page}");
+    }
+    assert!(
+        locks.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{locks}"
+    );
+    assert!(locks.contains("a&quot;&amp;&lt;b:"), "{locks}");
+    assert!(
+        confirm.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{confirm}"
+    );
+    assert!(primitives.contains("x&quot;&amp;&lt;y"), "{primitives}");
+    assert!(primitives.contains("&lt;i&gt;e"), "{primitives}");
+    leader.resign().await.unwrap();
+    guard.release().await.unwrap();
+}
+
+/// Without `allow_force_release` both POST routes answer 403, no page shows a release
+/// form, and the row stays.
+async fn force_release_is_refused_unless_enabled<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db
+        .locker
+        .try_acquire("stuck", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let router = web::router(db.locker.clone());
+    let (status, _) = post(&router, "/release/confirm", &[("key", "stuck")], &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = post(&router, "/release", &[("key", "stuck"), ("csrf", "x")], &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert!(db.locker.holder("stuck").await.unwrap().is_some());
+    guard.release().await.unwrap();
+}
+
+/// Enabled: the confirmation page carries the token; a post without it, with a wrong one,
+/// or from another site (by `Origin` or `Sec-Fetch-Site`, even with the right token) is
+/// refused and deletes nothing; the right one from the same origin deletes the row.
+async fn force_release_needs_the_csrf_token_and_the_same_origin<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db
+        .locker
+        .try_acquire("stuck", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let router = Console::new(db.locker.clone())
+        .allow_force_release("ops")
+        .router();
+    let (_, locks) = get(&router, "/").await;
+    assert!(locks.contains(r#"action="/release/confirm""#), "{locks}");
+    let (status, confirm) = post(&router, "/release/confirm", &[("key", "stuck")], &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    let token = csrf_of(&confirm);
+    assert_eq!(token.len(), 64);
+    let wrong = "0".repeat(64);
+    let refused: [(Pairs<'_>, Pairs<'_>); 5] = [
+        (&[("key", "stuck")], &[]),
+        (&[("key", "stuck"), ("csrf", &wrong)], &[]),
+        (&[("key", "stuck"), ("csrf", &token[..63])], &[]),
+        (
+            &[("key", "stuck"), ("csrf", &token)],
+            &[
+                ("host", "console.local"),
+                ("origin", "https://evil.example"),
+            ],
+        ),
+        (
+            &[("key", "stuck"), ("csrf", &token)],
+            &[("sec-fetch-site", "cross-site")],
+        ),
+    ];
+    for (fields, headers) in refused {
+        let (status, _) = post(&router, "/release", fields, headers).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{fields:?} {headers:?}");
+        assert!(
+            db.locker.holder("stuck").await.unwrap().is_some(),
+            "{fields:?}"
+        );
+    }
+    let same_origin = [
+        ("host", "console.local"),
+        ("origin", "http://console.local"),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let (status, done) = post(
+        &router,
+        "/release",
+        &[("key", "stuck"), ("csrf", &token)],
+        &same_origin,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    assert!(done.contains("Released"), "{done}");
+    assert!(db.locker.holder("stuck").await.unwrap().is_none());
+    assert!(matches!(
+        guard.release().await,
+        Err(dblock::Error::NotHeld { .. })
+    ));
+}
+
+/// 250 locks: pages of 100 in key order, each with a link to the next, the last without.
+async fn pages_hold_a_hundred_rows_and_link_the_next<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let mut guards = Vec::new();
+    for i in 0..250 {
+        let key = format!("k{i:03}");
+        guards.push(db.locker.try_acquire(&key, LEASE).await.unwrap().unwrap());
+    }
+    let router = web::router(db.locker.clone());
+    let mut uri = "/".to_owned();
+    let mut shown = Vec::new();
+    loop {
+        let (status, page) = get(&router, &uri).await;
+        assert_eq!(status, StatusCode::OK);
+        shown.push(rows_on(&page));
+        match page.split(r#"rel="next" href=""#).nth(1) {
+            Some(rest) => uri = rest.split('"').next().unwrap().replace("&amp;", "&"),
+            None => break,
+        }
+        assert!(shown.len() < 5, "a next link past the last row");
+    }
+    assert_eq!(shown, [100, 100, 50]);
+    assert!(uri.contains("after=k199"), "{uri}");
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}
+
+/// Mounted under a prefix, every link keeps it (axum's `nest` serves `/admin/locks`, not
+/// `/admin/locks/`); at the root, links have none.
+async fn links_follow_the_mount_prefix<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db.locker.try_acquire("a/b", LEASE).await.unwrap().unwrap();
+    let app = Router::new().nest("/admin/locks", web::router(db.locker.clone()));
+    let (status, page) = get(&app, "/admin/locks").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains(r#"href="/admin/locks/primitives""#), "{page}");
+    assert!(
+        page.contains(r#"href="/admin/locks/assets/console.css""#),
+        "{page}"
+    );
+    assert!(page.contains(r#"href="/admin/locks/key/a%2Fb""#), "{page}");
+    let (status, page) = get(&app, "/admin/locks/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains(r#"href="/admin/locks/""#), "{page}");
+    let (_, page) = get(&web::router(db.locker.clone()), "/metrics").await;
+    assert!(page.contains(r#"href="/primitives""#), "{page}");
+    guard.release().await.unwrap();
+}
+
+/// No page shows the connection URL (nor its host, port or file), whatever it answers,
+/// errors included.
+async fn no_page_shows_the_database_url<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db.locker.try_acquire("held", LEASE).await.unwrap().unwrap();
+    let missing = dblock::Locker::builder(db.pool.clone())
+        .table("no_such_table")
+        .build()
+        .unwrap();
+    let url = DB::url(&db.location);
+    let secret_parts: Vec<&str> = url
+        .split(['/', '@', '?', ':'])
+        .filter(|part| part.len() > 4)
+        .collect();
+    for console in [db.locker.clone(), missing] {
+        let router = Console::new(console).allow_force_release("ops").router();
+        let mut pages = Vec::new();
+        for path in ["/", "/primitives", "/metrics", "/?after=%00"] {
+            pages.push(get(&router, path).await);
+        }
+        pages.push(post(&router, "/release/confirm", &[("key", "held")], &[]).await);
+        for (status, page) in pages {
+            assert!(!page.contains(&url), "{status}: {page}");
+            for part in &secret_parts {
+                assert!(!page.contains(part), "{part:?} in {status}: {page}");
+            }
+        }
+    }
+    guard.release().await.unwrap();
+}
+
+macro_rules! per_backend {
+    ($($case:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case::<dblock::Postgres>().await } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case::<dblock::MySql>().await } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case::<dblock::Sqlite>().await } )* }
+    };
+}
+
+per_backend!(
+    a_held_lock_shows_with_its_owner_and_token,
+    keys_and_owners_are_escaped,
+    force_release_is_refused_unless_enabled,
+    force_release_needs_the_csrf_token_and_the_same_origin,
+    pages_hold_a_hundred_rows_and_link_the_next,
+    links_follow_the_mount_prefix,
+    no_page_shows_the_database_url,
+);
