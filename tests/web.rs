@@ -339,7 +339,9 @@ where
         .build()
         .unwrap();
     let url = DB::url(&db.location);
-    let secret_parts: Vec<&str> = url
+    // Host, port, user, database or file: what follows the scheme.
+    let after_scheme = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let secret_parts: Vec<&str> = after_scheme
         .split(['/', '@', '?', ':'])
         .filter(|part| part.len() > 4)
         .collect();

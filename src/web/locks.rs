@@ -94,7 +94,7 @@ fn table(base: &Base, shared: &Shared, rows: &[LockInfo]) -> Markup {
             } }
             tbody {
                 @for row in rows {
-                    tr.expired[row.expired] {
+                    tr class=[row.expired.then_some("expired")] {
                         td { a href=(base.at(&format!("/key/{}", encoded(&row.key)))) { (row.key) } }
                         td { (row.kind()) }
                         td.owner { (row.owner) }
