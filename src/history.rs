@@ -285,7 +285,13 @@ impl<DB: Backend> Locker<DB> {
         let Some((owner, token)) = core.table.force_release_row(key).await? else {
             return Ok(false);
         };
-        tracing::warn!(key, operator, owner, table = core.table.name(), "lock force-released");
+        tracing::warn!(
+            key,
+            operator,
+            owner,
+            table = core.table.name(),
+            "lock force-released"
+        );
         core.queues.released(key);
         let event = NewEvent {
             kind: EventKind::ForceReleased.as_str(),

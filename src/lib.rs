@@ -93,8 +93,8 @@ pub use locker::{Holder, Locker, LockerBuilder};
 pub use migrate::MigrationScript;
 pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};
 pub use owner::Owner;
-pub use recorder::{EventKind, HISTORY_BATCH, HISTORY_BUFFER, HISTORY_FLUSH_INTERVAL};
 pub use reaper::{LEAK_CHECK_LIMIT, LeakReport, LongHeld, ReaperConfig, ReaperHandle};
+pub use recorder::{EventKind, HISTORY_BATCH, HISTORY_BUFFER, HISTORY_FLUSH_INTERVAL};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use schedule::{
     MAX_PERIOD, MIN_PERIOD, Period, Schedule, ScheduleHandle, ScheduleStats, Tick, Turn,

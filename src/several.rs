@@ -180,7 +180,12 @@ async fn attempt_keys<DB: Backend>(
             }
             Counters::bump(&core.counters.acquired);
             for won in &won {
-                (core.history).record(EventKind::Acquired, &won.key, &won.owner, Some(won.fencing_token));
+                (core.history).record(
+                    EventKind::Acquired,
+                    &won.key,
+                    &won.owner,
+                    Some(won.fencing_token),
+                );
             }
             tracing::debug!(?keys, owner, "locks acquired");
             let leases = won

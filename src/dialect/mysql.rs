@@ -1153,8 +1153,7 @@ async fn claim_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(),
 }
 
 impl MigrateSql for MySql {
-    const MIGRATIONS: &'static [(&'static str, &'static str)] =
-        migration_scripts!("mysql"; "V1__distributed_lock.sql", "V2__tickets.sql", "V3__events.sql");
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("mysql"; "V1__distributed_lock.sql", "V2__tickets.sql", "V3__events.sql");
 
     async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
         let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)
