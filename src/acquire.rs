@@ -28,6 +28,7 @@ use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
 use crate::line::{Line, Offer, Terms};
 use crate::queue::{Fifo, GROUP_MARK};
+use crate::recorder::{EventKind, Record};
 use crate::retry::{Backoff, Retry, by_deadline, retry};
 use crate::stats::Counters;
 use crate::table::{LockTable, WonRow};
@@ -220,6 +221,12 @@ pub(crate) async fn attempt<DB: Backend>(
                 return Err(late(core, vec![won], until));
             }
             Counters::bump(&core.counters.acquired);
+            (core.history).record(
+                EventKind::Acquired,
+                &won.key,
+                &won.owner,
+                Some(won.fencing_token),
+            );
             tracing::debug!(key = request.key, owner = request.owner, fencing_token = won.fencing_token, expires_at = %won.expires_at, "lock acquired");
             let lease = core.engine.start_lease(won);
             ring_for_others(core, &lease, watchers);

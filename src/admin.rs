@@ -304,12 +304,21 @@ impl<DB: Backend> Locker<DB> {
     /// next acquisition's fencing token is still greater than the deleted row's, so a
     /// resource that checks tokens refuses the old holder's late writes.
     ///
+    /// A Locker that records history ([`LockerBuilder::history`](crate::LockerBuilder::history))
+    /// writes a [`ForceReleased`](crate::EventKind::ForceReleased) event with the operator
+    /// `"unknown"`; [`force_release_by`](Self::force_release_by) names the operator, and
+    /// writes the event whether or not the Locker records.
+    ///
     /// Errors: [`Error::InvalidKey`] (nothing is deleted), [`Error::Database`].
     ///
     /// # Cancel safety
     /// Cancel safe: the row is deleted or it is not; dropping the future does not undo a
     /// delete the database already ran.
     pub async fn force_release(&self, key: &str) -> Result<bool> {
+        if self.records_history() {
+            // Recorded as an operator's action, by nobody named.
+            return self.force_release_by(key, "unknown").await;
+        }
         validate_key(key)?;
         let core = &self.core;
         let deleted = core.table.force_release(key).await?;
@@ -322,7 +331,7 @@ impl<DB: Backend> Locker<DB> {
 }
 
 /// The kind of the row keyed `key` (see [`LockInfo::kind`]).
-fn kind_of(key: &str) -> &'static str {
+pub(crate) fn kind_of(key: &str) -> &'static str {
     let Some((_, part)) = key.rsplit_once(crate::queue::GROUP_MARK) else {
         return "mutex";
     };

@@ -16,6 +16,7 @@ use crate::jobs::Jobs;
 use crate::key_label::KeyLabel;
 use crate::metrics::TableMetrics;
 use crate::queue::LocalQueues;
+use crate::recorder::{self, Recorder};
 use crate::stand_aside::StandAsides;
 use crate::stats::Counters;
 use crate::table::{ConnectOptions, LockTable};
@@ -46,6 +47,8 @@ pub(crate) struct Core<DB: Backend> {
     pub(crate) renew_interval: Duration,
     /// How long before the database may see a lease expire that it ends locally.
     pub(crate) margin: LeaseMargin,
+    /// The lock history's recorder, when this Locker records one.
+    pub(crate) history: Option<Arc<Recorder>>,
 }
 
 /// How a Locker hears releases of other processes.
@@ -67,6 +70,8 @@ pub(crate) struct Settings<DB: Backend> {
     pub(crate) renew_interval: Duration,
     pub(crate) margin: LeaseMargin,
     pub(crate) key_label: KeyLabel,
+    /// The lock history's retention, when the Locker records one.
+    pub(crate) history: Option<Duration>,
 }
 
 impl<DB: Backend> Core<DB> {
@@ -79,6 +84,11 @@ impl<DB: Backend> Core<DB> {
         let wakes = DB::NOTIFIES || DB::RINGS_BELLS;
         let wakeups = Arc::new(Wakeups::new(listen.on && wakes, listen.options));
         let jobs = Jobs::default();
+        let history = settings.history.map(|retention| {
+            let recorder = Arc::new(Recorder::new(retention, Arc::clone(&counters)));
+            recorder::start_flusher(Arc::clone(&recorder), Arc::clone(&table), &jobs);
+            recorder
+        });
         let engine = Engine::new(engine::Parts {
             table: Arc::clone(&table),
             metrics: metrics.clone(),
@@ -88,6 +98,7 @@ impl<DB: Backend> Core<DB> {
             wakeups: Arc::clone(&wakeups),
             jobs: jobs.clone(),
             margin: settings.margin,
+            history: history.clone(),
         });
         let tickets = settings.fair.then(|| {
             Arc::new(Tickets::new(
@@ -110,6 +121,7 @@ impl<DB: Backend> Core<DB> {
             default_lease: settings.default_lease,
             renew_interval: settings.renew_interval,
             margin: settings.margin,
+            history,
         }
     }
 
@@ -162,9 +174,13 @@ impl<DB: Backend> Core<DB> {
 
     /// Stops every background task of the Locker and waits for them: renewal ends (held
     /// leases lapse at their deadlines), the engine finishes its background releases, the
-    /// ticket job deletes the tickets given up.
+    /// ticket job deletes the tickets given up. Then the history's last events are
+    /// written, those the stopping jobs noted too.
     pub(crate) async fn shutdown(&self) {
         self.jobs.stopped().await;
+        if let Some(history) = &self.history {
+            history.flush_all(&self.table).await;
+        }
     }
 }
 

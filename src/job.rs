@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::{validate_key, validate_lease, validate_range};
@@ -13,6 +14,8 @@ use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::locker::{Held, Locker, run_holding};
 use crate::metrics::{self, JobEvent};
+use crate::recorder::EventKind::{JobRan, JobSkipped};
+use crate::recorder::Record;
 
 /// A scheduled job's lock, built by [`Locker::job`]; run it with [`run`](Self::run).
 ///
@@ -150,6 +153,8 @@ impl<DB: Backend> Job<'_, DB> {
                 Ok(Some(guard)) => guard,
                 Ok(None) => {
                     metrics::job(&self.locker.core.metrics, &self.key, JobEvent::Skip);
+                    let (core, key) = (&self.locker.core, &self.key);
+                    (core.history).record_detail(JobSkipped, key, &core.owner_prefix, None, "held");
                     tracing::Span::current().record("outcome", "skipped");
                     return Ok(None);
                 }
@@ -159,7 +164,14 @@ impl<DB: Backend> Job<'_, DB> {
                 }
             };
             metrics::job(&self.locker.core.metrics, &self.key, JobEvent::Run);
+            let (owner, token, started) = (
+                guard.owner().to_owned(),
+                guard.fencing_token(),
+                Instant::now(),
+            );
             let outcome = run_holding(wrap(guard), work).await;
+            let (core, took) = (&self.locker.core, format!("{:?}", started.elapsed()));
+            (core.history).record_detail(JobRan, &self.key, &owner, Some(token), took);
             let said = if outcome.is_ok() { "ran" } else { "failed" };
             tracing::Span::current().record("outcome", said);
             outcome.map(Some)

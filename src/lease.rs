@@ -22,6 +22,7 @@ use crate::config::LeaseMargin;
 use crate::dialect::LockId;
 use crate::error::LostReason;
 use crate::metrics::{self, Failure, TableMetrics};
+use crate::recorder::{EventKind, Record, Recorder};
 use crate::stats::Counters;
 
 /// What holders can observe about a lease.
@@ -97,6 +98,8 @@ pub(crate) struct Lease {
     /// Whether the row's bell is held for this lease: its release then reaches the
     /// waiters of other processes, and this Locker's (see `engine::bell`).
     belled: AtomicBool,
+    /// The lock history's recorder, when the Locker records one: told of a loss.
+    history: Option<Arc<Recorder>>,
 }
 
 /// What a won acquisition hands to [`Lease::new`].
@@ -145,7 +148,13 @@ impl Lease {
 
     /// A won lease, recorded in `metrics`; it counts as held from now until
     /// [`end_hold`](Self::end_hold).
-    pub(crate) fn new(won: Won, id: u64, counters: Arc<Counters>, metrics: TableMetrics) -> Self {
+    pub(crate) fn new(
+        won: Won,
+        id: u64,
+        counters: Arc<Counters>,
+        metrics: TableMetrics,
+        history: Option<Arc<Recorder>>,
+    ) -> Self {
         let status = Mutex::new(Status {
             expires_at: won.expires_at,
             lost: None,
@@ -182,6 +191,7 @@ impl Lease {
             hold_ended: AtomicBool::new(false),
             hold_end: Mutex::new(None),
             belled: AtomicBool::new(false),
+            history,
         }
     }
 
@@ -345,6 +355,9 @@ impl Lease {
         if first {
             self.changed.notify_waiters();
             Counters::bump(&self.counters.lost);
+            let (key, owner, token) = (&self.key, &self.owner, Some(self.fencing_token));
+            self.history
+                .record_detail(EventKind::Lost, key, owner, token, reason);
             tracing::warn!(key = %self.key, owner = %self.owner, fencing_token = self.fencing_token, %reason, "lock lost");
         }
     }

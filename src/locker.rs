@@ -181,6 +181,8 @@ pub struct LockerBuilder<DB: Backend> {
     key_label: KeyLabel,
     /// `None`: not set, [`DEFAULT_STATEMENT_TIMEOUT`](crate::DEFAULT_STATEMENT_TIMEOUT).
     statement_timeout: Option<Duration>,
+    /// The lock history's retention; `None`: no history recorded.
+    history: Option<Duration>,
 }
 
 impl<DB: Backend> LockerBuilder<DB> {
@@ -419,8 +421,66 @@ impl<DB: Backend> LockerBuilder<DB> {
         self
     }
 
+    /// Records the lock history, kept `retention` long (at least 1 s, at most
+    /// [`MAX_HISTORY_WITHIN`](crate::MAX_HISTORY_WITHIN)), in `<table>_events` (made by
+    /// [`migrate`](Locker::migrate)), read with [`Locker::history`] or `dblock history`.
+    /// Default: off.
+    ///
+    /// What is recorded, with the key, the owner value, the fencing token and the
+    /// database clock's time: acquisitions ([`EventKind::Acquired`](crate::EventKind::Acquired):
+    /// of a free key or of an expired row taken over, which dblock does not tell apart),
+    /// releases (explicit, on drop, at the end of `with_lock`), handoffs to the next
+    /// waiter, losses with their [`LostReason`](crate::LostReason), force-releases with
+    /// the operator's name, a [`Job`](crate::Job)'s runs and skips, a schedule's periods,
+    /// skips and overruns. A semaphore's permits, a read-write lock's reads and writes and
+    /// a leader's terms are the acquisitions, releases and losses of their rows
+    /// (`<name>~permit-<i>-of-<n>`, `<name>~read-..`, `<name>~write`, `<name>~leader`;
+    /// [`LockEvent::row_kind`](crate::LockEvent::row_kind)).
+    ///
+    /// Off the caller's path: an event is noted in memory (no statement, no await), and
+    /// one task of the Locker writes what was noted every
+    /// [`HISTORY_FLUSH_INTERVAL`](crate::HISTORY_FLUSH_INTERVAL) (1 s) in one statement, up
+    /// to [`HISTORY_BATCH`](crate::HISTORY_BATCH) events (more wait for the next tick);
+    /// [`Locker::shutdown`] writes what is left. An event's time is the database clock's:
+    /// the statement writes its clock's reading less the event's age by the process's
+    /// monotonic clock (no client wall clock enters). While the database is away, events
+    /// wait, up to [`HISTORY_BUFFER`](crate::HISTORY_BUFFER); newer ones are dropped and
+    /// counted ([`Stats::history_dropped`](crate::Stats::history_dropped)).
+    ///
+    /// The lock table stays the truth; the history is a record of it, and may lack what
+    /// a Locker had not written yet when its process ended without
+    /// [`shutdown`](Locker::shutdown) (a crash, a kill, a Locker dropped): at most the
+    /// events of its last second, or, with the database away, all it kept. A force-release
+    /// by [`Locker::force_release_by`] is written at once, whatever this option says.
+    ///
+    /// Trimming is the reaper's ([`Locker::spawn_reaper`], [`Locker::reap_expired`]):
+    /// each pass deletes up to its batch of events older than `retention`. Without a
+    /// reaper nothing is trimmed.
+    ///
+    /// The Locker must be built inside a tokio runtime (the writer is a task of it).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dblock::Error> {
+    /// use std::time::Duration;
+    ///
+    /// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// let week = Duration::from_secs(7 * 24 * 3600);
+    /// let locker = dblock::Locker::builder(pool).history(week).build()?;
+    /// assert!(locker.records_history());
+    /// # Ok(()) }
+    /// ```
+    pub fn history(mut self, retention: Duration) -> Self {
+        self.history = Some(retention);
+        self
+    }
+
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
+        if let Some(retention) = self.history {
+            let (least, most) = (Duration::from_secs(1), crate::history::MAX_HISTORY_WITHIN);
+            validate_range("history retention", retention, least, most)?;
+        }
         let table = match (self.table, self.durability) {
             (Some(table), _) => table,
             (None, Durability::Relaxed) => DEFAULT_RELAXED_TABLE.to_owned(),
@@ -499,6 +559,7 @@ impl<DB: Backend> LockerBuilder<DB> {
                 renew_interval,
                 margin,
                 key_label: self.key_label,
+                history: self.history,
             })),
             auto_renew: self.auto_renew,
         })
@@ -579,6 +640,7 @@ impl<DB: Backend> Locker<DB> {
             fair: false,
             key_label: KeyLabel::Off,
             statement_timeout: None,
+            history: None,
         }
     }
 
@@ -897,15 +959,18 @@ impl<DB: Backend> Locker<DB> {
     /// 39 times as long as the batch took (79 times on MySQL / MariaDB, whose purge
     /// deletes each row again after the commit), so other acquirers keep their pace: a
     /// backlog of 100,000 rows may take a minute or so (bench/RESULTS.md, section 6).
+    /// A Locker that records history ([`LockerBuilder::history`]) also deletes up to
+    /// [`DEFAULT_REAP_BATCH`] events older than its retention (not counted in the answer).
     ///
     /// # Cancel safety
     /// Cancel safe: each batch commits on its own; dropping the future stops between or
     /// during batches, and what was deleted stays deleted.
     pub async fn reap_expired(&self) -> Result<u64> {
+        let retention = self.core.history.as_ref().map(|h| h.retention);
         reap_all(
             &self.core.table,
             &self.core.counters,
-            DEFAULT_REAP_BATCH,
+            (DEFAULT_REAP_BATCH, retention),
             None,
         )
         .await
@@ -913,13 +978,16 @@ impl<DB: Backend> Locker<DB> {
 
     /// Starts a background task that deletes expired rows every `config.interval`, in
     /// batches of `config.batch` (paced as [`reap_expired`](Self::reap_expired)). Errors
-    /// are logged and the next pass tries again.
+    /// are logged and the next pass tries again. A Locker that records history
+    /// ([`LockerBuilder::history`]) also trims it each pass: one statement deletes up to
+    /// `config.batch` events older than its retention.
     pub fn spawn_reaper(&self, config: ReaperConfig) -> Result<ReaperHandle> {
         crate::reaper::validate(&config)?;
         Ok(ReaperHandle::spawn(
             Arc::clone(&self.core.table),
             Arc::clone(&self.core.counters),
             config,
+            self.core.history.as_ref().map(|h| h.retention),
         ))
     }
 }

@@ -242,10 +242,13 @@ impl Drop for ReaperHandle {
 
 impl ReaperHandle {
     /// Starts the reaper on `table`; `config` was validated by [`validate`].
+    /// `retention`: the lock history's, when the Locker records one (its events are
+    /// trimmed too).
     pub(crate) fn spawn<DB: Backend>(
         table: Arc<LockTable<DB>>,
         counters: Arc<Counters>,
         config: ReaperConfig,
+        retention: Option<Duration>,
     ) -> Self {
         let stop = CancellationToken::new();
         let (total, deleted) = watch::channel(0u64);
@@ -253,7 +256,8 @@ impl ReaperHandle {
         let stopping = stop.clone();
         let task = tokio::spawn(async move {
             loop {
-                let pass = reap_all(&table, &counters, config.batch, Some(&stopping));
+                let sizes = (config.batch, retention);
+                let pass = reap_all(&table, &counters, sizes, Some(&stopping));
                 match pass.await {
                     Ok(0) => {}
                     Ok(n) => total.send_modify(|t| *t += n),
@@ -362,13 +366,27 @@ async fn purge_tickets<DB: Backend>(table: &LockTable<DB>) {
     }
 }
 
+/// Deletes at most `batch` events of the lock history older than `retention`, in one
+/// statement (one per pass: a backlog goes over the following passes). A table migrated
+/// before the history existed has none to trim; any other failure is only logged.
+async fn trim_history<DB: Backend>(table: &LockTable<DB>, retention: Duration, batch: u32) {
+    match table.trim_events(retention, batch).await {
+        Ok(0) => {}
+        Ok(trimmed) => tracing::debug!(table = %table.name(), trimmed, "trimmed the lock history"),
+        Err(Error::MissingTable { .. }) => {}
+        Err(err) => {
+            tracing::debug!(table = %table.name(), error = %err, "could not trim the lock history")
+        }
+    }
+}
+
 /// Deletes every expired row, in batches of `batch`, pausing the dialect's pace times each
 /// batch's duration between batches; stops early (between batches) when `stop` is
 /// cancelled.
 pub(crate) async fn reap_all<DB: Backend>(
     table: &LockTable<DB>,
     counters: &Counters,
-    batch: u32,
+    (batch, retention): (u32, Option<Duration>),
     stop: Option<&CancellationToken>,
 ) -> Result<u64> {
     let (mut total, pace) = (0, table.reap_pace());
@@ -382,6 +400,9 @@ pub(crate) async fn reap_all<DB: Backend>(
                 tracing::info!(table = %table.name(), deleted = total, "reaped expired locks");
             }
             purge_tickets(table).await;
+            if let Some(retention) = retention {
+                trim_history(table, retention, batch).await;
+            }
             return Ok(total);
         }
         let pause = started.elapsed() * pace;

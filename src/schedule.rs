@@ -24,6 +24,8 @@ use crate::dialect::Backend;
 use crate::error::{Error, Result};
 use crate::locker::{Locker, run_holding};
 use crate::metrics::{self, JobEvent};
+use crate::recorder::EventKind::{JobOverran, JobSkipped, Period as PeriodClaimed};
+use crate::recorder::Record;
 
 pub use handle::ScheduleHandle;
 
@@ -365,6 +367,8 @@ impl<DB: Backend> Schedule<DB> {
             Ok(None) => {
                 self.state.skips.fetch_add(1, Relaxed);
                 metrics::job(metrics, &self.name, JobEvent::Skip);
+                let (core, key) = (&self.locker.core, self.key(number));
+                (core.history).record_detail(JobSkipped, &key, &core.owner_prefix, None, number);
                 return Ok(tick(Turn::Skipped));
             }
             Err(err) => {
@@ -406,11 +410,18 @@ impl<DB: Backend> Schedule<DB> {
             end,
             fencing_token: guard.fencing_token(),
         };
+        let (history, owner, token) = (
+            &self.locker.core.history,
+            guard.owner().to_owned(),
+            Some(guard.fencing_token()),
+        );
+        history.record_detail(PeriodClaimed, guard.key(), &owner, token, number);
         let output = run_holding(guard, async move |_| work(period).await).await;
         let overran = now + chrono_duration(read.elapsed()) > end;
         if overran {
             self.state.overruns.fetch_add(1, Relaxed);
             metrics::job(metrics, &self.name, JobEvent::Overrun);
+            history.record_detail(JobOverran, &self.key(number), &owner, token, number);
         }
         Ok(tick(Turn::Ran { output, overran }))
     }

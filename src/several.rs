@@ -17,6 +17,7 @@ use crate::dialect::Backend;
 use crate::error::Result;
 use crate::inflight::{Statement, answer};
 use crate::lease::{Lease, Won};
+use crate::recorder::{EventKind, Record};
 use crate::stats::Counters;
 use crate::table::{WonRow, WriteTake};
 
@@ -178,6 +179,14 @@ async fn attempt_keys<DB: Backend>(
                 return Err(late(core, won, until));
             }
             Counters::bump(&core.counters.acquired);
+            for won in &won {
+                (core.history).record(
+                    EventKind::Acquired,
+                    &won.key,
+                    &won.owner,
+                    Some(won.fencing_token),
+                );
+            }
             tracing::debug!(?keys, owner, "locks acquired");
             let leases = won
                 .into_iter()

@@ -75,6 +75,17 @@ pub struct Stats {
     /// guard was made of them, and their rows were released in the background. Each one
     /// is a sign of a slow or lossy path to the database, or of a stalled client.
     pub late_answers: u64,
+    /// Lock-history events written ([`LockerBuilder::history`](crate::LockerBuilder::history)).
+    pub history_events: u64,
+    /// Lock-history statements sent: at most one a
+    /// [`HISTORY_FLUSH_INTERVAL`](crate::HISTORY_FLUSH_INTERVAL) whatever the number of
+    /// events (more at shutdown, which writes what is left). A force-release's own event
+    /// ([`Locker::force_release_by`](crate::Locker::force_release_by)) is not counted.
+    pub history_batches: u64,
+    /// Lock-history events dropped because [`HISTORY_BUFFER`](crate::HISTORY_BUFFER)
+    /// events were already waiting to be written (the database down, or events noted
+    /// faster than they can be written).
+    pub history_dropped: u64,
 }
 
 #[derive(Default)]
@@ -93,6 +104,9 @@ pub(crate) struct Counters {
     pub(crate) wakeups: AtomicU64,
     pub(crate) listener_connects: AtomicU64,
     pub(crate) late_answers: AtomicU64,
+    pub(crate) history_events: AtomicU64,
+    pub(crate) history_batches: AtomicU64,
+    pub(crate) history_dropped: AtomicU64,
 }
 
 impl Counters {
@@ -116,6 +130,9 @@ impl Counters {
             wakeups: self.wakeups.load(Relaxed),
             listener_connects: self.listener_connects.load(Relaxed),
             late_answers: self.late_answers.load(Relaxed),
+            history_events: self.history_events.load(Relaxed),
+            history_batches: self.history_batches.load(Relaxed),
+            history_dropped: self.history_dropped.load(Relaxed),
         }
     }
 }

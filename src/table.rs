@@ -1470,6 +1470,8 @@ impl<DB: Backend> LockTable<DB> {
     }
 }
 
+mod history;
+
 /// The first string past every string that starts with `prefix`, in byte order (which for
 /// UTF-8 is code point order): the prefix with its last character moved one code point on,
 /// dropping trailing characters that have no successor. `None`: no such end (an empty

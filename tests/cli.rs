@@ -648,7 +648,7 @@ async fn postgres_schema_qualified_table() {
     let applied = run(&["migrate"]).await;
     assert_eq!(
         applied.ok(),
-        format!("applied 4 migrations to table \"{table}\"\n")
+        format!("applied 5 migrations to table \"{table}\"\n")
     );
     let locker = dblock::Locker::builder(db.pool.clone())
         .table(&table)

@@ -14,7 +14,7 @@ async fn in_memory_database_works() {
         .await
         .unwrap();
     let locker = dblock::Locker::new(pool.clone());
-    assert_eq!(locker.migrate().await.unwrap(), 3);
+    assert_eq!(locker.migrate().await.unwrap(), 4);
     let guard = locker
         .try_acquire("mem", Duration::from_secs(30))
         .await

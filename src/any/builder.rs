@@ -90,6 +90,7 @@ pub struct AnyLockerBuilder {
     listen: Option<bool>,
     fair: Option<bool>,
     statement_timeout: Option<Duration>,
+    history: Option<Duration>,
 }
 
 impl AnyLockerBuilder {
@@ -107,6 +108,7 @@ impl AnyLockerBuilder {
             listen: None,
             fair: None,
             statement_timeout: None,
+            history: None,
         }
     }
 
@@ -175,6 +177,13 @@ impl AnyLockerBuilder {
     /// [`LockerBuilder::statement_timeout`](crate::LockerBuilder::statement_timeout).
     pub fn statement_timeout(mut self, bound: Duration) -> Self {
         self.statement_timeout = Some(bound);
+        self
+    }
+
+    /// [`LockerBuilder::history`](crate::LockerBuilder::history): records the lock
+    /// history, kept `retention` long.
+    pub fn history(mut self, retention: Duration) -> Self {
+        self.history = Some(retention);
         self
     }
 
@@ -267,6 +276,9 @@ impl AnyLockerBuilder {
         }
         if let Some(bound) = self.statement_timeout {
             builder = builder.statement_timeout(bound);
+        }
+        if let Some(retention) = self.history {
+            builder = builder.history(retention);
         }
         builder.build()
     }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use crate::admin::{LockFilter, LockInfo};
 use crate::error::{Error, Result};
+use crate::history::{HistoryFilter, LockEvent};
 use crate::locker::{Holder, Locker, run_holding};
 use crate::migrate::MigrationScript;
 use crate::reaper::{ReaperConfig, ReaperHandle};
@@ -346,6 +347,28 @@ impl AnyLocker {
     /// As [`Locker::force_release`]: the row was deleted or it was not.
     pub async fn force_release(&self, key: &str) -> Result<bool> {
         dispatch!(self, AnyLocker, locker => locker.force_release(key).await)
+    }
+
+    /// [`Locker::force_release_by`].
+    ///
+    /// # Cancel safety
+    /// As [`Locker::force_release_by`]: the row was deleted or it was not; dropped after
+    /// the delete, the event may not be written.
+    pub async fn force_release_by(&self, key: &str, operator: &str) -> Result<bool> {
+        dispatch!(self, AnyLocker, locker => locker.force_release_by(key, operator).await)
+    }
+
+    /// [`Locker::history`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn history(&self, filter: &HistoryFilter) -> Result<Vec<LockEvent>> {
+        dispatch!(self, AnyLocker, locker => locker.history(filter).await)
+    }
+
+    /// [`Locker::records_history`].
+    pub fn records_history(&self) -> bool {
+        dispatch!(self, AnyLocker, locker => locker.records_history())
     }
 
     /// [`Locker::reap_expired`].

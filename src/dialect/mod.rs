@@ -14,6 +14,7 @@
 //! - [`ErrorCodes`]: reading a database's errors.
 //! - [`TxSql`]: the transaction helpers' statements (row locks, versioned updates), on the
 //!   caller's own connection.
+//! - [`HistorySql`]: the lock history's statements (`events.rs`).
 //!
 //! Each is implemented for `sqlx::Postgres`, `sqlx::MySql` and `sqlx::Sqlite`, one file
 //! each; what reads the same for several of them is written once, in `shared.rs`, and
@@ -38,8 +39,12 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+mod events;
 mod portable;
 mod rows;
+
+pub(crate) use events::HistorySql;
+pub(crate) use events::{EventQuery, EventRow, NewEvent};
 
 pub use portable::SqlValue;
 #[cfg_attr(
@@ -798,12 +803,19 @@ pub trait TxSql: Database + ErrorCodes {
 /// # Ok(()) }
 /// ```
 pub trait Backend:
-    LockSql + TicketSql + NotifySql + MigrateSql + ErrorCodes + TxSql + sealed::Sealed
+    LockSql + TicketSql + NotifySql + MigrateSql + ErrorCodes + TxSql + HistorySql + sealed::Sealed
 {
 }
 
 impl<DB> Backend for DB where
-    DB: LockSql + TicketSql + NotifySql + MigrateSql + ErrorCodes + TxSql + sealed::Sealed
+    DB: LockSql
+        + TicketSql
+        + NotifySql
+        + MigrateSql
+        + ErrorCodes
+        + TxSql
+        + HistorySql
+        + sealed::Sealed
 {
 }
 

@@ -32,8 +32,16 @@ use super::{
 };
 
 mod bells;
+mod history;
+
+use history::{READ_FOR_FORCE, RECORD_EVENTS, TRIM_EVENTS};
 
 statements! { batch_sql;
+    record_events: RECORD_EVENTS,
+    read_events: &history::read_events(false),
+    read_events_oldest: &history::read_events(true),
+    trim_events: TRIM_EVENTS,
+    read_for_force: READ_FOR_FORCE,
     check_fence_write: CHECK_FENCE_WRITE,
     check_fences_write: CHECK_FENCES_WRITE,
     acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER},\n{}", watchers()),
@@ -1148,8 +1156,7 @@ async fn claim_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(),
 }
 
 impl MigrateSql for MySql {
-    const MIGRATIONS: &'static [(&'static str, &'static str)] =
-        migration_scripts!("mysql"; "V1__distributed_lock.sql", "V2__tickets.sql");
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("mysql"; "V1__distributed_lock.sql", "V2__tickets.sql", "V3__events.sql");
 
     async fn lock_migrations(conn: &mut MySqlConnection, table: &str) -> Result<(), sqlx::Error> {
         let got: Option<i64> = sqlx::query_scalar(MIGRATION_LOCK)

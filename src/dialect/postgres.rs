@@ -19,7 +19,16 @@ use super::{
     quoted_after, read_back_states, row_states, sql, unrenewed,
 };
 
+mod history;
+
+use history::{FORCE_RELEASE_ROW, RECORD_EVENTS, TRIM_EVENTS};
+
 statements! { sql;
+    record_events: RECORD_EVENTS,
+    read_events: &history::read_events(false),
+    read_events_oldest: &history::read_events(true),
+    trim_events: TRIM_EVENTS,
+    force_release_row: FORCE_RELEASE_ROW,
     read_keys: READ_KEYS,
     renew_waiting: &renew_waiting(),
     hand_off: HAND_OFF,
@@ -655,7 +664,7 @@ impl NotifySql for Postgres {
 }
 
 impl MigrateSql for Postgres {
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("postgres"; "V1__distributed_lock.sql", "V2__waiters.sql", "V3__tickets.sql", "V5__write_in_one.sql");
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("postgres"; "V1__distributed_lock.sql", "V2__waiters.sql", "V3__tickets.sql", "V5__write_in_one.sql", "V6__events.sql");
 
     const COLUMNS: &'static str =
         "lock_key, lock_value, expire_time, fencing_token, acquired_at, waiters";

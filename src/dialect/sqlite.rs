@@ -26,9 +26,17 @@ use super::{
     is_unique_violation, json_list, read_back_states, row_states, sql, unrenewed,
 };
 
+mod history;
 mod listener;
 
+use history::{FORCE_RELEASE_ROW, RECORD_EVENTS, TRIM_EVENTS};
+
 statements! { sqlite_sql;
+    record_events: RECORD_EVENTS,
+    read_events: &history::read_events(false),
+    read_events_oldest: &history::read_events(true),
+    trim_events: TRIM_EVENTS,
+    force_release_row: FORCE_RELEASE_ROW,
     held: HELD,
     read_keys: READ_KEYS,
     live_member: LIVE_MEMBER,
@@ -459,7 +467,7 @@ impl NotifySql for Sqlite {
 }
 
 impl MigrateSql for Sqlite {
-    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("sqlite"; "V1__distributed_lock.sql", "V2__tickets.sql", "V3__waiters.sql");
+    const MIGRATIONS: &'static [(&'static str, &'static str)] = migration_scripts!("sqlite"; "V1__distributed_lock.sql", "V2__tickets.sql", "V3__waiters.sql", "V4__events.sql");
 
     const MORE_TABLES: &'static [(&'static str, &'static str)] = &[(
         "_waiter",

@@ -73,6 +73,7 @@ use crate::jobs::Jobs;
 use crate::lease::{Lease, Won};
 use crate::metrics::{self, TableMetrics};
 use crate::queue::LocalQueues;
+use crate::recorder::Recorder;
 use crate::stats::Counters;
 use crate::table::LockTable;
 use crate::wakeups::Wakeups;
@@ -104,6 +105,8 @@ pub(crate) struct Parts<DB: Backend> {
     pub(crate) jobs: Jobs,
     /// The Locker's lease margin, for leases the engine itself wins (handoffs).
     pub(crate) margin: LeaseMargin,
+    /// The lock history's recorder, when the Locker records one.
+    pub(crate) history: Option<Arc<Recorder>>,
 }
 
 struct EngineState<DB: Backend> {
@@ -115,6 +118,7 @@ struct EngineState<DB: Backend> {
     wakeups: Arc<Wakeups<DB>>,
     jobs: Jobs,
     margin: LeaseMargin,
+    history: Option<Arc<Recorder>>,
     state: Mutex<Schedule>,
     /// Wakes the engine's task when a lease is due before its planned wake-up.
     wake: Notify,
@@ -169,6 +173,7 @@ impl<DB: Backend> Engine<DB> {
                 wakeups: parts.wakeups,
                 jobs: parts.jobs,
                 margin: parts.margin,
+                history: parts.history,
                 state: Mutex::new(Schedule {
                     leases: foldhash::HashMap::default(),
                     next_id: 1,
@@ -205,6 +210,7 @@ impl<DB: Backend> Engine<DB> {
             id,
             Arc::clone(&inner.counters),
             inner.metrics.clone(),
+            inner.history.clone(),
         ));
         let Some(interval) = lease.interval.filter(|_| !state.stopped) else {
             return lease;

@@ -14,6 +14,7 @@ use crate::inflight::{Statement, answer};
 use crate::jobs::Jobs;
 use crate::lease::{Lease, Won};
 use crate::line::{Handed, Offer};
+use crate::recorder::{EventKind, Record};
 use crate::retry::{Retry, by_deadline, retry};
 use crate::stats::Counters;
 
@@ -153,14 +154,19 @@ impl<DB: Backend> Engine<DB> {
         if !handed_over && !yielded {
             self.inner.queues.released(&lease.key);
         }
-        let deleted = match outcome? {
-            HandOff::To(_) => Some(false),
-            HandOff::Released { expired, .. } => Some(expired),
-            HandOff::NotOurs => None,
+        let (deleted, handed_token) = match outcome? {
+            HandOff::To(won) => (Some(false), Some(won.fencing_token)),
+            HandOff::Released { expired, .. } => (Some(expired), None),
+            HandOff::NotOurs => (None, None),
         };
         // A handed-over row notified nobody, and a yielded waiter's Locker must hear its
         // notification: both settled as a kept row is (no own release remembered).
         self.inner.settle(lease, deleted, handed_over || yielded);
+        if let Some(token) = handed_token {
+            let (key, to) = (&lease.key, &yielded_offer.owner);
+            let from = &lease.owner;
+            (self.inner.history).record_detail(EventKind::HandedOff, key, to, Some(token), from);
+        }
         Ok(deleted)
     }
 
@@ -348,6 +354,8 @@ impl<DB: Backend> EngineState<DB> {
         }
         if deleted.is_some() {
             Counters::bump(&self.counters.released);
+            let (key, owner, token) = (&lease.key, &lease.owner, Some(lease.fencing_token));
+            self.history.record(EventKind::Released, key, owner, token);
         }
         if deleted.is_some() && !kept {
             self.wakeups.released_here(lease.fencing_token);

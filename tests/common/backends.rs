@@ -141,7 +141,7 @@ impl TestBackend for Postgres {
     const LABEL: &'static str = "postgres";
     const STRICT_SNAPSHOT: Option<&'static str> =
         Some("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ");
-    const MIGRATION_FILES: usize = 4;
+    const MIGRATION_FILES: usize = 5;
     const NOW: &'static str = "now()";
     const HEARS_RELEASES: bool = true;
     const LISTENER_SESSIONS: bool = true;
@@ -170,7 +170,9 @@ impl TestBackend for Postgres {
     fn cleanup_sql(t: &str) -> Vec<String> {
         vec![
             "SET lock_timeout = '10s'".to_owned(),
-            format!("DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter, {t}_ticket, {t}_epoch"),
+            format!(
+                "DROP TABLE IF EXISTS {t}, {t}_history, {t}_counter, {t}_ticket, {t}_epoch, {t}_events"
+            ),
             format!("DROP SEQUENCE IF EXISTS {t}_fencing_seq, {t}_ticket_seq"),
             format!("DROP FUNCTION IF EXISTS {t}_new_epoch()"),
         ]
@@ -211,7 +213,7 @@ impl TestBackend for MySql {
     // MariaDB 10.6.18+ (on by default from 11.6); MySQL 8 has no such setting.
     const STRICT_SNAPSHOT: Option<&'static str> =
         Some("SET SESSION innodb_snapshot_isolation = ON");
-    const MIGRATION_FILES: usize = 2;
+    const MIGRATION_FILES: usize = 3;
     const NOW: &'static str = "NOW()";
     const HEARS_RELEASES: bool = false;
     const HANDOFF_IN_RELEASE: bool = false;
@@ -241,7 +243,7 @@ impl TestBackend for MySql {
         vec![
             "SET SESSION lock_wait_timeout = 10".to_owned(),
             format!(
-                "DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter, {t}_ticket, {t}_migrating"
+                "DROP TABLE IF EXISTS {t}, {t}_history, {t}_fencing, {t}_counter, {t}_ticket, {t}_migrating, {t}_events"
             ),
         ]
     }
@@ -258,7 +260,7 @@ impl TestBackend for MySql {
 impl TestBackend for Sqlite {
     const LABEL: &'static str = "sqlite";
     const STRICT_SNAPSHOT: Option<&'static str> = None;
-    const MIGRATION_FILES: usize = 3;
+    const MIGRATION_FILES: usize = 4;
     const NOW: &'static str = "datetime('now')";
     const HEARS_RELEASES: bool = true;
     const HANDOFF_IN_RELEASE: bool = false;

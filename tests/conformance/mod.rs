@@ -14,6 +14,7 @@ mod fencing;
 mod first_hour;
 mod guard_surface;
 mod handover;
+mod history;
 mod inputs;
 mod interop;
 mod jobs;
@@ -47,6 +48,7 @@ pub use fencing::*;
 pub use first_hour::*;
 pub use guard_surface::*;
 pub use handover::*;
+pub use history::*;
 pub use inputs::*;
 pub use interop::*;
 pub use jobs::*;
@@ -184,6 +186,12 @@ macro_rules! conformance_suite {
             a_waiter_whose_listener_is_cut_off_still_gets_the_key,
             hot_key_grants_are_shared_across_lockers,
             semaphore_permits_are_shared_across_lockers,
+            history_records_what_happened_to_each_lock,
+            history_takes_one_statement_a_tick,
+            history_filters_select_exactly,
+            history_is_trimmed_to_its_retention,
+            no_history_writes_nothing,
+            shutdown_writes_the_noted_history,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

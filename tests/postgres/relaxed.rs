@@ -56,13 +56,14 @@ async fn relaxed_table_is_unlogged_and_its_sequence_logged() {
     let fast = relaxed(&db);
     assert_eq!(
         fast.migrate().await.unwrap(),
-        5,
-        "V1-V3, the epoch step and V5"
+        6,
+        "V1-V3, the epoch step, V5 and V6"
     );
     assert_eq!(fast.migrate().await.unwrap(), 0, "idempotent");
     let t = &db.table;
     assert_eq!(persistence(&db.pool, t).await, "u");
     assert_eq!(persistence(&db.pool, &format!("{t}_ticket")).await, "u");
+    assert_eq!(persistence(&db.pool, &format!("{t}_events")).await, "u");
     assert_eq!(
         persistence(&db.pool, &format!("{t}_fencing_seq")).await,
         "p"

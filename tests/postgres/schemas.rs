@@ -64,7 +64,7 @@ async fn a_schema_holds_its_lock_table() {
     let first = locker(&db.pool, &table);
     let second = locker(&db.pool, &format!("{two}.distributed_lock"));
     assert_eq!(first.table(), table);
-    assert_eq!(first.migrate().await.unwrap(), 4);
+    assert_eq!(first.migrate().await.unwrap(), 5);
     assert_eq!(
         first.migrate().await.unwrap(),
         0,
@@ -72,12 +72,17 @@ async fn a_schema_holds_its_lock_table() {
     );
     assert_eq!(
         second.migrate().await.unwrap(),
-        4,
+        5,
         "another schema, another table"
     );
 
     let expected = [
         "distributed_lock",
+        "distributed_lock_events",
+        "distributed_lock_events_at_idx",
+        "distributed_lock_events_id_seq",
+        "distributed_lock_events_key_idx",
+        "distributed_lock_events_pkey",
         "distributed_lock_expire_time_idx",
         "distributed_lock_fencing_seq",
         "distributed_lock_history",
@@ -92,7 +97,7 @@ async fn a_schema_holds_its_lock_table() {
     assert_eq!(relations(&db.pool, one).await, expected);
     assert_eq!(relations(&db.pool, two).await, expected);
     let history = format!("SELECT COUNT(*) FROM {table}_history");
-    assert_eq!(scalar(&db.pool, history).await, 4);
+    assert_eq!(scalar(&db.pool, history).await, 5);
 
     // Two schemas, two lock tables: the same key is free in each.
     let held = first.try_acquire("k", LONG).await.unwrap().expect("free");
@@ -265,7 +270,7 @@ async fn a_relaxed_table_in_a_schema() {
         .auto_renew(false)
         .build()
         .unwrap();
-    assert_eq!(relaxed.migrate().await.unwrap(), 5);
+    assert_eq!(relaxed.migrate().await.unwrap(), 6);
     let names = relations(&db.pool, schema).await;
     assert!(names.iter().any(|n| n == "fast_lock_epoch"), "{names:?}");
     let function = format!(
