@@ -13,6 +13,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use common::{TestBackend, TestDb};
 use dblock::web::{self, Console};
+use dblock::{EventKind, HistoryFilter};
 use tower::ServiceExt as _;
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -262,6 +263,141 @@ where
         guard.release().await,
         Err(dblock::Error::NotHeld { .. })
     ));
+    // One ForceReleased event, under the console's operator, for the one release done.
+    let forced = HistoryFilter::new()
+        .key("stuck")
+        .kinds([EventKind::ForceReleased]);
+    let events = db.locker.history(&forced).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].detail.as_deref(), Some("console:ops"));
+}
+
+/// A key's page over its last hour, from the history a recording Locker wrote: a hold
+/// released and a hold force-released from the console, as bars and as rows, the
+/// force-release marked, every event listed; the key escaped throughout.
+async fn a_keys_timeline_shows_holds_and_force_releases<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let recording = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .auto_renew(false)
+        .history(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let key = "<b>&\"k/1";
+    let first = recording.try_acquire(key, LEASE).await.unwrap().unwrap();
+    let first_token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = recording.try_acquire(key, LEASE).await.unwrap().unwrap();
+    let second_token = second.fencing_token();
+    // The recorder writes its events a tick later.
+    let of_key = HistoryFilter::new().key(key);
+    common::wait_until(
+        "three events written",
+        Duration::from_secs(15),
+        async || recording.history(&of_key).await.unwrap().len() == 3,
+    )
+    .await;
+
+    let router = Console::new(db.locker.clone())
+        .allow_force_release("ops")
+        .router();
+    let (_, confirm) = post(&router, "/release/confirm", &[("key", key)], &[]).await;
+    let fields = [("key", key), ("csrf", &csrf_of(&confirm))];
+    let (status, _) = post(&router, "/release", &fields, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, page) = get(&router, &format!("/key/{}", form_encoded(key))).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert!(!page.contains("<b>&"), "{page}");
+    assert!(page.contains("&lt;b&gt;&amp;&quot;k/1"), "{page}");
+    assert!(page.contains("Not held now"), "{page}");
+    // Two bars, one force-release mark.
+    let svg = page.split("<svg").nth(1).expect(&page);
+    let svg = svg.split("</svg>").next().unwrap();
+    assert_eq!(
+        svg.matches("<rect").count(),
+        3,
+        "the background and two holds: {svg}"
+    );
+    assert_eq!(svg.matches("<polygon").count(), 1, "{svg}");
+    assert!(svg.contains("force_released at"), "{svg}");
+    let holds = page.split("<h2>Holds</h2>").nth(1).unwrap();
+    let holds = holds.split("</table>").next().unwrap();
+    assert_eq!(rows_on(holds), 2, "{holds}");
+    let released = format!(">{first_token}</td><td>released</td>");
+    let forced = format!(">{second_token}</td><td>force_released</td>");
+    assert!(holds.contains(&released), "{holds}");
+    assert!(holds.contains(&forced), "{holds}");
+    let events = page
+        .split("<h2>Events of the last hour</h2>")
+        .nth(1)
+        .unwrap();
+    assert_eq!(rows_on(events), 4, "{events}");
+    assert!(events.contains(">console:ops<"), "{events}");
+    drop(second);
+    recording.shutdown().await;
+}
+
+/// `/jobs`: a job's runs and skips, from the history its recording Locker wrote.
+async fn jobs_show_their_runs_and_skips<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let recording = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .auto_renew(false)
+        .history(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let ran = recording
+            .job("nightly<x>")
+            .run(async |_| Ok::<_, dblock::Error>(()))
+            .await
+            .unwrap();
+        assert!(ran.is_some());
+    }
+    let held = db
+        .locker
+        .try_acquire("nightly<x>", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let skipped = recording
+        .job("nightly<x>")
+        .run(async |_| Ok::<_, dblock::Error>(()))
+        .await
+        .unwrap();
+    assert!(skipped.is_none());
+    let jobs = HistoryFilter::new().kinds([EventKind::JobRan, EventKind::JobSkipped]);
+    common::wait_until(
+        "three job events written",
+        Duration::from_secs(15),
+        async || recording.history(&jobs).await.unwrap().len() == 3,
+    )
+    .await;
+    let (status, page) = get(&web::router(db.locker.clone()), "/jobs").await;
+    assert_eq!(status, StatusCode::OK);
+    let row = page.split("<td>nightly&lt;x&gt;</td>").nth(1).expect(&page);
+    let row = row.split("</tr>").next().unwrap();
+    let numbers: Vec<&str> = row
+        .split(r#"<td class="num">"#)
+        .skip(1)
+        .map(|cell| cell.split("</td>").next().unwrap())
+        .collect();
+    // Last run, took, runs, skips, overruns, next period.
+    assert_eq!(numbers[2..], ["2", "1", "0", ""], "{row}");
+    assert!(row.contains("<td>job</td>"), "{row}");
+    held.release().await.unwrap();
+    recording.shutdown().await;
 }
 
 /// 250 locks: pages of 100 in key order, each with a link to the next, the last without.
@@ -381,4 +517,6 @@ per_backend!(
     pages_hold_a_hundred_rows_and_link_the_next,
     links_follow_the_mount_prefix,
     no_page_shows_the_database_url,
+    a_keys_timeline_shows_holds_and_force_releases,
+    jobs_show_their_runs_and_skips,
 );

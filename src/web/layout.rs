@@ -14,6 +14,7 @@ use crate::error::Error;
 const NAV: &[(&str, &str)] = &[
     ("/", "Locks"),
     ("/primitives", "Primitives"),
+    ("/jobs", "Jobs"),
     ("/metrics", "Metrics"),
 ];
 

@@ -7,10 +7,12 @@
 //! Keys and owners are user data: maud escapes every value spliced into a page.
 
 mod assets;
+mod jobs;
 mod layout;
 mod locks;
 mod primitives;
 mod release;
+mod timeline;
 
 use std::sync::Arc;
 
@@ -68,8 +70,8 @@ impl Console {
         self
     }
 
-    /// The console's routes: `/` (live locks, paged), `/primitives`, `/metrics`, and the
-    /// force-release routes (POST; 403 unless enabled), with its stylesheet and script.
+    /// The console's routes: `/` (live locks, paged), `/key/<key>` (its last hour),
+    /// `/primitives`, `/jobs`, `/metrics`, and the force-release routes (POST; 403 unless enabled), with its stylesheet and script.
     pub fn router(self) -> Router {
         let state = Arc::new(Shared {
             locker: self.locker,
@@ -78,7 +80,9 @@ impl Console {
         });
         Router::new()
             .route("/", get(locks::page))
+            .route("/key/{*key}", get(timeline::page))
             .route("/primitives", get(primitives::page))
+            .route("/jobs", get(jobs::page))
             .route("/metrics", get(primitives::metrics))
             .route("/release/confirm", post(release::confirm))
             .route("/release", post(release::release))

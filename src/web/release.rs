@@ -94,15 +94,12 @@ pub(super) async fn release(
         );
     }
     let locker = &shared.locker;
-    let released = match locker.force_release(&form.key).await {
+    // Recorded in the history (whether or not this Locker records) under the operator.
+    let operator = format!("console:{operator}");
+    let released = match locker.force_release_by(&form.key, &operator).await {
         Ok(released) => released,
         Err(err) => return layout::failure(&base, locker.table(), &err),
     };
-    tracing::warn!(
-        key = form.key,
-        operator,
-        "lock force-released from the console"
-    );
     let body = html! {
         h1 { "Force-release" }
         @if released {
