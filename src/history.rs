@@ -10,14 +10,10 @@ use crate::config::{MAX_KEY_BYTES, micros, validate_key};
 use crate::dialect::{Backend, EventQuery, EventRow, NewEvent};
 use crate::error::{Error, Result};
 use crate::locker::Locker;
-use crate::recorder::EventKind;
+use crate::recorder::{EventKind, MAX_HISTORY_WITHIN};
 
 /// Most events one [`Locker::history`] call returns.
 pub const MAX_HISTORY_LIMIT: u32 = 10_000;
-
-/// The longest [`HistoryFilter::within`]: as [`MAX_HELD_LONGER_THAN`](crate::MAX_HELD_LONGER_THAN),
-/// a thousand years.
-pub const MAX_HISTORY_WITHIN: Duration = crate::admin::MAX_HELD_LONGER_THAN;
 
 /// One event of the lock history, as [`Locker::history`] read it. Its time is the
 /// database clock's.

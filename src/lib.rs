@@ -89,7 +89,7 @@ pub use election::{
 };
 pub use error::{Error, LostReason, PoolTimeoutCause, Result};
 pub use guard::LockGuard;
-pub use history::{HistoryFilter, LockEvent, MAX_HISTORY_LIMIT, MAX_HISTORY_WITHIN};
+pub use history::{HistoryFilter, LockEvent, MAX_HISTORY_LIMIT};
 pub use job::Job;
 pub use key_label::KeyLabel;
 pub use locker::{Holder, Locker, LockerBuilder};
@@ -97,7 +97,9 @@ pub use migrate::MigrationScript;
 pub use multi::{MAX_KEYS_AT_ONCE, MultiGuard};
 pub use owner::Owner;
 pub use reaper::{LEAK_CHECK_LIMIT, LeakReport, LongHeld, ReaperConfig, ReaperHandle};
-pub use recorder::{EventKind, HISTORY_BATCH, HISTORY_BUFFER, HISTORY_FLUSH_INTERVAL};
+pub use recorder::{
+    EventKind, HISTORY_BATCH, HISTORY_BUFFER, HISTORY_FLUSH_INTERVAL, MAX_HISTORY_WITHIN,
+};
 pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use schedule::{
     MAX_PERIOD, MIN_PERIOD, Period, Schedule, ScheduleHandle, ScheduleStats, Tick, Turn,

@@ -478,7 +478,7 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// Checks every option and builds the locker. Nothing touches the database.
     pub fn build(self) -> Result<Locker<DB>> {
         if let Some(retention) = self.history {
-            let (least, most) = (Duration::from_secs(1), crate::history::MAX_HISTORY_WITHIN);
+            let (least, most) = (Duration::from_secs(1), crate::recorder::MAX_HISTORY_WITHIN);
             validate_range("history retention", retention, least, most)?;
         }
         let table = match (self.table, self.durability) {

@@ -33,6 +33,11 @@ pub const HISTORY_BATCH: usize = 10_000;
 /// dead database cannot grow the process's memory without bound.
 pub const HISTORY_BUFFER: usize = 100_000;
 
+/// The longest [`HistoryFilter::within`](crate::HistoryFilter::within) and history
+/// retention ([`LockerBuilder::history`](crate::LockerBuilder::history)): as
+/// [`MAX_HELD_LONGER_THAN`](crate::MAX_HELD_LONGER_THAN), a thousand years.
+pub const MAX_HISTORY_WITHIN: Duration = Duration::from_secs(1000 * 366 * 24 * 3600);
+
 /// What happened to a lock, as the history records it ([`LockEvent::kind`](crate::LockEvent::kind)).
 ///
 /// A leader's term and a semaphore's permit are not kinds of their own: an `Acquired`,

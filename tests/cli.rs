@@ -600,6 +600,121 @@ async fn missing_database_is_said_plainly<DB: TestBackend>() {
     assert!(!line.contains(" at line "), "{line}");
 }
 
+/// `history` reads what recording Lockers wrote: an exact key, a prefix (`PREFIX*`),
+/// kinds, an owner, a limit, newest first; `--json` is one object per event with the
+/// library's values; a bad `--kind` is a usage error. `release --force` writes a
+/// `force_released` event naming the operator (`--operator`, else `cli:$USER`).
+async fn history_reads_the_events<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let recording = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .owner_prefix("cli-test:1:")
+        .history(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    for key in ["inv:1", "inv:2", "other"] {
+        let guard = recording
+            .try_acquire(key, Duration::from_secs(30))
+            .await
+            .unwrap();
+        guard.unwrap().release().await.unwrap();
+    }
+    recording.shutdown().await;
+    let library = db
+        .locker
+        .history(&dblock::HistoryFilter::new().key("inv:1"))
+        .await
+        .unwrap();
+
+    let rows = on(&db, &["history", "inv:1", "--json"]).await.json_rows();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows.len(), library.len());
+    for (row, event) in rows.iter().zip(&library) {
+        assert_eq!(row["key"], "inv:1");
+        assert_eq!(row["kind"], event.kind.as_str());
+        assert_eq!(row["owner"], event.owner.as_str());
+        assert_eq!(row["fencing_token"], event.fencing_token.unwrap());
+        assert_eq!(row["id"], event.id);
+        assert_eq!(at(row, "at"), event.at);
+        assert_eq!(row["row_kind"], "mutex");
+    }
+    assert_eq!(
+        (&rows[0]["kind"], &rows[1]["kind"]),
+        (&"released".into(), &"acquired".into())
+    );
+
+    let acquired = on(&db, &["history", "inv:*", "--kind", "acquired", "--json"]).await;
+    let acquired = acquired.json_rows();
+    let keys: Vec<&str> = acquired
+        .iter()
+        .map(|r| r["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["inv:2", "inv:1"], "newest first");
+    let table = on(&db, &["history"]).await.ok().to_owned();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 7, "{table}");
+    assert!(
+        lines[0].starts_with("AT") && lines[0].contains("KIND") && lines[0].contains("DETAIL"),
+        "{table}"
+    );
+    assert!(
+        lines[1].contains("released") && lines[1].contains("other"),
+        "{table}"
+    );
+    let one = on(
+        &db,
+        &[
+            "history",
+            "--limit",
+            "1",
+            "--owner",
+            "cli-test:1:",
+            "--since",
+            "1h",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(one.json_rows().len(), 1);
+    assert!(
+        on(&db, &["history", "--owner", "nobody", "--json"])
+            .await
+            .ok()
+            .is_empty()
+    );
+    let line = on(&db, &["history", "--kind", "stolen"])
+        .await
+        .failed(2)
+        .to_owned();
+    assert!(line.contains("unknown event kind"), "{line}");
+
+    for (key, operator) in [("held:1", Some("ops-team")), ("held:2", None)] {
+        let _guard = db
+            .locker
+            .try_acquire(key, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut args = vec!["release", "--force", key];
+        args.extend(operator.iter().flat_map(|name| ["--operator", *name]));
+        on(&db, &args).await.ok();
+    }
+    let released = on(
+        &db,
+        &["history", "held:*", "--kind", "force_released", "--json"],
+    )
+    .await;
+    let details: Vec<String> = released
+        .json_rows()
+        .iter()
+        .map(|r| r["detail"].as_str().unwrap().to_owned())
+        .collect();
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned());
+    assert_eq!(details, [format!("cli:{user}"), "ops-team".to_owned()]);
+}
+
 macro_rules! suite {
     ($($backend:ident: $db:ty),* $(,)?) => {
         $(mod $backend {
@@ -615,6 +730,7 @@ macro_rules! suite {
                 reap_deletes_the_expired,
                 database_url_from_the_environment,
                 usage_errors,
+                history_reads_the_events,
             );
         })*
     };
@@ -711,17 +827,17 @@ async fn print_sql_needs_no_database() {
     let cases = [
         (
             format!("postgres://u@127.0.0.1:{port}/test"),
-            4,
+            5,
             "CREATE SEQUENCE IF NOT EXISTS locks_fencing_seq",
         ),
         (
             format!("mysql://root@127.0.0.1:{port}/test"),
-            2,
+            3,
             "CREATE TRIGGER locks_fence_insert",
         ),
         (
             format!("sqlite:{}", path.display()),
-            3,
+            4,
             "CREATE TRIGGER IF NOT EXISTS locks_fence_insert",
         ),
     ];

@@ -67,16 +67,52 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Delete a key's row whoever holds it (the holder is not asked); needs --force.
+    /// The lock history records it (a force_released event naming the operator).
     Release {
         /// Required: the row is deleted even while its holder is alive and working.
         #[arg(long)]
         force: bool,
+        /// Who released it, for the lock history. Default: cli:$USER.
+        #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+        operator: Option<String>,
         /// The exact key.
         #[arg(value_parser = NonEmptyStringValueParser::new())]
         key: String,
     },
     /// Delete every expired row (live leases are never touched); prints how many.
     Reap,
+    /// The lock history (what Lockers built with `history(retention)` recorded), newest
+    /// first: acquisitions, releases, handoffs, losses, force-releases, jobs, periods.
+    History(HistoryArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct HistoryArgs {
+    /// The exact key, or a prefix with a trailing `*` (`invoice:*`); none: every key.
+    #[arg(value_name = "KEY|PREFIX*", value_parser = NonEmptyStringValueParser::new())]
+    pub(crate) key: Option<String>,
+
+    /// Only events of the last DURATION (1h30m, 90s, 2days), by the database clock.
+    #[arg(long, value_name = "DURATION", value_parser = held_duration)]
+    pub(crate) since: Option<Duration>,
+
+    /// Only events of kind K (repeatable): acquired, released, handed_off, lost,
+    /// force_released, job_ran, job_skipped, job_overran, period, taken_over.
+    #[arg(long, value_name = "K", value_parser = crate::history::kind)]
+    pub(crate) kind: Vec<dblock::EventKind>,
+
+    /// Only events whose owner starts with O (an owner value, or `host:pid:`).
+    #[arg(long, value_name = "O", value_parser = NonEmptyStringValueParser::new())]
+    pub(crate) owner: Option<String>,
+
+    /// At most N events (the newest).
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(dblock::MAX_HISTORY_LIMIT)))]
+    pub(crate) limit: u32,
+
+    /// One JSON object per event and line, instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args, Debug)]

@@ -26,7 +26,9 @@ impl Output {
 /// The usage errors clap cannot see, found before anything connects.
 pub(crate) fn check(command: &Command) -> Result<(), Failure> {
     match command {
-        Command::Release { force: false, key } => Err(Failure::usage(format!(
+        Command::Release {
+            force: false, key, ..
+        } => Err(Failure::usage(format!(
             "release needs --force: it deletes the row of {key:?} whoever holds it, without \
              asking the holder"
         ))),
@@ -44,8 +46,9 @@ pub(crate) async fn run<DB: Backend>(
         Command::Migrate { print_sql: true } => Ok(print_sql(locker)),
         Command::List(args) => list(locker, args).await,
         Command::Show { key, json } => show(locker, key, *json).await,
-        Command::Release { key, .. } => release(locker, key).await,
+        Command::Release { key, operator, .. } => release(locker, key, operator.as_deref()).await,
         Command::Reap => reap(locker).await,
+        Command::History(args) => crate::history::history(locker, args).await,
     }
 }
 
@@ -134,9 +137,14 @@ async fn show<DB: Backend>(locker: &Locker<DB>, key: &str, json: bool) -> Result
 /// Reads the row first, so that the operator learns whose lock went. Between the read and
 /// the delete another owner may take an expired row over; what is printed is what was
 /// read.
-async fn release<DB: Backend>(locker: &Locker<DB>, key: &str) -> Result<Output, Failure> {
+async fn release<DB: Backend>(
+    locker: &Locker<DB>,
+    key: &str,
+    operator: Option<&str>,
+) -> Result<Output, Failure> {
     let info = lookup(locker, key).await?;
-    if !locker.force_release(key).await? {
+    let operator = operator.map_or_else(crate::history::default_operator, str::to_owned);
+    if !locker.force_release_by(key, &operator).await? {
         return Err(Failure::not_found(format!(
             "no lock row for key {key:?} in table {:?} any more: it went before it could be \
              deleted",

@@ -1,5 +1,5 @@
 //! `dblock`, the operator CLI (cargo feature `cli`): list, show, release, reap and migrate
-//! a lock table on PostgreSQL, MySQL/MariaDB or SQLite. A plain client of dblock's public
+//! a lock table, and read its history on PostgreSQL, MySQL/MariaDB or SQLite. A plain client of dblock's public
 //! API; `dblock --help` lists the commands and exit codes.
 //!
 //! Scripts can rely on: the exit code (0 success, also with nothing to do; 1 not found; 2 usage,
@@ -12,6 +12,7 @@ mod args;
 mod commands;
 mod database;
 mod failure;
+mod history;
 mod render;
 
 use std::io::Write as _;
@@ -73,7 +74,8 @@ fn fail(failure: &Failure) -> ExitCode {
 fn clap_message(err: &clap::Error) -> String {
     if err.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         // clap would print the whole help on stderr.
-        return "no command given: migrate, list, show, release or reap (see --help)".to_owned();
+        return "no command given: migrate, list, show, release, reap or history (see --help)"
+            .to_owned();
     }
     let text = err.to_string();
     let first: Vec<&str> = text

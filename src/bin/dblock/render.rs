@@ -80,14 +80,14 @@ impl Row<'_> {
     }
 }
 
-fn rfc3339(at: DateTime<Utc>) -> String {
+pub(crate) fn rfc3339(at: DateTime<Utc>) -> String {
     // Microseconds: the precision PostgreSQL and MySQL store.
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
 /// Keys and owners come from anyone who can write the table: control characters
 /// (newlines, tabs, escapes) are shown escaped so that one row stays one line.
-fn printable(text: &str) -> Cow<'_, str> {
+pub(crate) fn printable(text: &str) -> Cow<'_, str> {
     if text.chars().any(char::is_control) {
         Cow::Owned(
             text.chars()
@@ -118,24 +118,34 @@ pub(crate) fn table(rows: &[Row<'_>]) -> String {
             ]
         })
         .collect();
-    let mut widths = HEADER.map(|title| title.chars().count());
-    for row in &cells {
+    aligned(HEADER, &cells, 2)
+}
+
+/// `header` and one line per row of `cells`, columns aligned, the column `right`
+/// right-aligned (numbers, so that their magnitudes line up).
+pub(crate) fn aligned<const N: usize>(
+    header: [&str; N],
+    cells: &[[String; N]],
+    right: usize,
+) -> String {
+    let mut widths = header.map(|title| title.chars().count());
+    for row in cells {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    let header = HEADER.map(str::to_owned);
-    for row in std::iter::once(&header).chain(&cells) {
+    let header = header.map(str::to_owned);
+    for row in std::iter::once(&header).chain(cells) {
         let mut line = String::new();
         for (column, (cell, width)) in row.iter().zip(widths).enumerate() {
             if column > 0 {
                 line.push_str("  ");
             }
-            match column {
-                // Tokens are numbers: right-aligned, so their magnitudes line up.
-                2 => write!(line, "{cell:>width$}").unwrap(),
-                _ => write!(line, "{cell:<width$}").unwrap(),
+            if column == right {
+                write!(line, "{cell:>width$}").unwrap();
+            } else {
+                write!(line, "{cell:<width$}").unwrap();
             }
         }
         out.push_str(line.trim_end());
