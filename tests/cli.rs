@@ -715,6 +715,104 @@ async fn history_reads_the_events<DB: TestBackend>() {
     assert_eq!(details, [format!("cli:{user}"), "ops-team".to_owned()]);
 }
 
+/// One HTTP/1.1 request to `addr` (`head`: the request line and headers, without the
+/// blank line); the status code and the whole answer (headers and body).
+async fn http(addr: &str, head: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!(
+        "{head}\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let status = answer.split(' ').nth(1).and_then(|code| code.parse().ok());
+    (status.expect(&answer), answer)
+}
+
+/// `dblock web` refuses every request without its token (none, a wrong one, in any of
+/// the places it may travel), a POST included, which deletes nothing; with the token as a
+/// bearer, or as the cookie a first `?token=` visit sets, the console answers, and its
+/// page shows the held key escaped and no part of the database URL.
+async fn web_needs_its_token<DB: TestBackend>() {
+    use tokio::io::AsyncBufReadExt as _;
+
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let guard = db
+        .locker
+        .try_acquire("held<k>", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let url = url(&db);
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_dblock"))
+        .args(["--database-url", &url, "--table", &db.table])
+        .args(["web", "--listen", "127.0.0.1:0", "--allow-force-release"])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(server.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().expect("the address line");
+    let at = first.split("http://").nth(1).expect(&first);
+    let (addr, token) = at.split_once("/?token=").expect(&first);
+    assert_eq!(token.len(), 32, "{first}");
+
+    let wrong = "0".repeat(32);
+    let refused = [
+        "GET / HTTP/1.1".to_owned(),
+        format!("GET / HTTP/1.1\r\nAuthorization: Bearer {wrong}"),
+        format!("GET / HTTP/1.1\r\nCookie: dblock_token={wrong}"),
+        format!("GET /?token={wrong} HTTP/1.1"),
+        format!("GET /metrics HTTP/1.1\r\nAuthorization: Basic {token}"),
+    ];
+    for head in &refused {
+        let (status, answer) = http(addr, head, "").await;
+        assert_eq!(status, 401, "{head}: {answer}");
+        assert!(!answer.contains("held"), "{answer}");
+    }
+    let form = "key=held%3Ck%3E&csrf=x";
+    let post = "POST /release HTTP/1.1\r\nContent-Type: application/x-www-form-urlencoded";
+    let (status, _) = http(addr, post, form).await;
+    assert_eq!(status, 401);
+    assert!(db.locker.holder("held<k>").await.unwrap().is_some());
+
+    let (status, page) = http(
+        addr,
+        &format!("GET / HTTP/1.1\r\nAuthorization: Bearer {token}"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(">held&lt;k&gt;</a>"), "{page}");
+    let after_scheme = url.split_once(':').unwrap().1.trim_start_matches('/');
+    for part in after_scheme
+        .split(['/', '@', '?', ':'])
+        .filter(|part| part.len() > 4)
+    {
+        assert!(!page.contains(part), "{part:?} in {page}");
+    }
+    let (status, answer) = http(addr, &format!("GET /?token={token}&prefix=h HTTP/1.1"), "").await;
+    assert_eq!(status, 303, "{answer}");
+    let answer = answer.to_ascii_lowercase();
+    assert!(answer.contains("\r\nlocation: /?prefix=h\r\n"), "{answer}");
+    let cookie = format!("set-cookie: dblock_token={token}; httponly; samesite=strict; path=/");
+    assert!(answer.contains(&cookie), "{answer}");
+    let (status, _) = http(
+        addr,
+        &format!("GET /primitives HTTP/1.1\r\nCookie: a=b; dblock_token={token}"),
+        "",
+    )
+    .await;
+    assert_eq!(status, 200);
+    server.kill().await.unwrap();
+    guard.release().await.unwrap();
+}
+
 macro_rules! suite {
     ($($backend:ident: $db:ty),* $(,)?) => {
         $(mod $backend {
@@ -731,6 +829,7 @@ macro_rules! suite {
                 database_url_from_the_environment,
                 usage_errors,
                 history_reads_the_events,
+                web_needs_its_token,
             );
         })*
     };
@@ -910,6 +1009,16 @@ async fn usage_without_a_database() {
     let url = format!("postgres://u@127.0.0.1:{}/test", refusing_port());
     let release = dblock(&["--database-url", &url, "release", "k"], None).await;
     assert!(release.failed(2).contains("--force"));
+
+    // A console on a non-loopback address needs a token chosen by the operator.
+    let exposed = dblock(
+        &["--database-url", &url, "web", "--listen", "0.0.0.0:8080"],
+        None,
+    )
+    .await;
+    assert!(exposed.failed(2).contains("--token"), "{exposed:#?}");
+    let short = dblock(&["web", "--token", "short"], None).await;
+    short.failed(2);
 
     let help = dblock(&["--help"], None).await;
     assert!(help.ok().contains("Exit codes:"), "{help:#?}");

@@ -84,6 +84,42 @@ pub(crate) enum Command {
     /// The lock history (what Lockers built with `history(retention)` recorded), newest
     /// first: acquisitions, releases, handoffs, losses, force-releases, jobs, periods.
     History(HistoryArgs),
+    /// Serve the web console (live locks, primitives, jobs, each key's last hour,
+    /// metrics) until interrupted. Every request needs the token: printed at start
+    /// unless given, then sent as `?token=` once (a cookie follows) or as
+    /// `Authorization: Bearer`. Read-only unless --allow-force-release.
+    Web(WebArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WebArgs {
+    /// Where to listen. An address other than loopback needs an explicit --token (and
+    /// a TLS proxy in front: the token travels in every request).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub(crate) listen: std::net::SocketAddr,
+
+    /// The token every request must carry. Default: a fresh random one, printed.
+    #[arg(long, value_name = "T", value_parser = token)]
+    pub(crate) token: Option<String>,
+
+    /// Show a force-release button on each lock (with a confirmation; recorded in the
+    /// history as console:$USER).
+    #[arg(long)]
+    pub(crate) allow_force_release: bool,
+}
+
+/// A `--token`: long enough not to be guessed, and printable as it is (a URL value).
+fn token(text: &str) -> Result<String, String> {
+    if text.len() < 16 {
+        return Err("at least 16 characters".to_owned());
+    }
+    if !text
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.~".contains(&b))
+    {
+        return Err("only letters, digits and - _ . ~".to_owned());
+    }
+    Ok(text.to_owned())
 }
 
 #[derive(Args, Debug)]

@@ -32,6 +32,7 @@ pub(crate) fn check(command: &Command) -> Result<(), Failure> {
             "release needs --force: it deletes the row of {key:?} whoever holds it, without \
              asking the holder"
         ))),
+        Command::Web(args) => crate::web::check(args),
         _ => Ok(()),
     }
 }
@@ -40,7 +41,10 @@ pub(crate) fn check(command: &Command) -> Result<(), Failure> {
 pub(crate) async fn run<DB: Backend>(
     locker: &Locker<DB>,
     command: &Command,
-) -> Result<Output, Failure> {
+) -> Result<Output, Failure>
+where
+    dblock::AnyLocker: From<Locker<DB>>,
+{
     match command {
         Command::Migrate { print_sql: false } => migrate(locker).await,
         Command::Migrate { print_sql: true } => Ok(print_sql(locker)),
@@ -49,6 +53,7 @@ pub(crate) async fn run<DB: Backend>(
         Command::Release { key, operator, .. } => release(locker, key, operator.as_deref()).await,
         Command::Reap => reap(locker).await,
         Command::History(args) => crate::history::history(locker, args).await,
+        Command::Web(args) => crate::web::serve(locker.clone(), args).await,
     }
 }
 

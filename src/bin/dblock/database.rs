@@ -132,7 +132,10 @@ async fn open<DB: Backend>(
     options: <DB::Connection as Connection>::Options,
     shown: &str,
     cli: &Cli,
-) -> Result<Output, Failure> {
+) -> Result<Output, Failure>
+where
+    dblock::AnyLocker: From<Locker<DB>>,
+{
     let pool = PoolOptions::<DB>::new()
         .max_connections(MAX_CONNECTIONS)
         .acquire_timeout(cli.connect_timeout)
@@ -142,7 +145,10 @@ async fn open<DB: Backend>(
     outcome
 }
 
-async fn session<DB: Backend>(pool: &Pool<DB>, shown: &str, cli: &Cli) -> Result<Output, Failure> {
+async fn session<DB: Backend>(pool: &Pool<DB>, shown: &str, cli: &Cli) -> Result<Output, Failure>
+where
+    dblock::AnyLocker: From<Locker<DB>>,
+{
     // Built before connecting (the pool is lazy): a bad table name is a usage error
     // whether the server is up or not. Nothing here acquires, so nothing is renewed or
     // waited for.

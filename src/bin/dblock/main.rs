@@ -1,6 +1,7 @@
 //! `dblock`, the operator CLI (cargo feature `cli`): list, show, release, reap and migrate
-//! a lock table, and read its history on PostgreSQL, MySQL/MariaDB or SQLite. A plain client of dblock's public
-//! API; `dblock --help` lists the commands and exit codes.
+//! a lock table, read its history, and serve its web console (`dblock web`) on PostgreSQL,
+//! MySQL/MariaDB or SQLite. A plain client of dblock's public API; `dblock --help` lists
+//! the commands and exit codes.
 //!
 //! Scripts can rely on: the exit code (0 success, also with nothing to do; 1 not found; 2 usage,
 //! 3 database), exactly one line on stderr starting with `dblock: ` for every failure,
@@ -14,6 +15,7 @@ mod database;
 mod failure;
 mod history;
 mod render;
+mod web;
 
 use std::io::Write as _;
 use std::process::ExitCode;
@@ -74,7 +76,7 @@ fn fail(failure: &Failure) -> ExitCode {
 fn clap_message(err: &clap::Error) -> String {
     if err.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
         // clap would print the whole help on stderr.
-        return "no command given: migrate, list, show, release, reap or history (see --help)"
+        return "no command given: migrate, list, show, release, reap, history or web (see --help)"
             .to_owned();
     }
     let text = err.to_string();
