@@ -85,7 +85,9 @@ pub(super) fn private(headers: &mut axum::http::HeaderMap) {
     );
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        // Keys travel in the pages' addresses: never to another site. Same-origin requests
+        // keep their referrer and their Origin (a form post's is checked).
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(
         header::CONTENT_SECURITY_POLICY,

@@ -8,6 +8,9 @@ pub mod proxy;
 #[cfg(feature = "postgres")]
 pub mod schemas;
 mod servers;
+/// Skips (or, when `DBLOCK_TEST_REQUIRE` names it, fails) what needs a missing tool.
+#[allow(unused_imports)] // only the browser test skips something other than a backend
+pub use servers::skip;
 
 use std::future::Future;
 use std::time::Duration;
