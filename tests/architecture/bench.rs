@@ -16,6 +16,7 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
     (
         "sections",
         &[
+            "console",
             "cycle",
             "hotkey",
             "primitives",
@@ -27,6 +28,7 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
     (
         "cells",
         &[
+            "console::locks_page",
             "cycle::anatomy",
             "cycle::overhead",
             "cycle::reference",
