@@ -313,6 +313,10 @@ fn command_line(settings: &Settings) -> String {
         .collect();
     env.sort();
     let mut command = format!("{}cargo bench --bench compare", env.concat());
+    if cfg!(feature = "web") {
+        // Section 8 needs the console; a run without it says so instead.
+        command.push_str(" --features web");
+    }
     if !settings.args.is_empty() {
         command.push_str(" -- ");
         command.push_str(&settings.args.join(" "));
