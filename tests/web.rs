@@ -498,6 +498,81 @@ where
     guard.release().await.unwrap();
 }
 
+/// `/primitives`: a semaphore's permits in use, a read-write lock's readers, an
+/// election's leader and, from the history, its latest terms.
+async fn primitives_show_permits_readers_and_terms<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let recording = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .auto_renew(false)
+        .history(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let pool = recording.semaphore("pool<x>", 3);
+    let permits = [
+        pool.try_acquire(LEASE).await.unwrap().unwrap(),
+        pool.try_acquire(LEASE).await.unwrap().unwrap(),
+    ];
+    let catalog = recording.rw_lock("catalog");
+    let readers = [
+        catalog.try_read(LEASE).await.unwrap().unwrap(),
+        catalog.try_read(LEASE).await.unwrap().unwrap(),
+    ];
+    let relay = recording.election("relay");
+    let first = relay.campaign("node-a", LEASE).await.unwrap();
+    let first_term = first.fencing_token();
+    first.resign().await.unwrap();
+    let second = relay.campaign("node-b", LEASE).await.unwrap();
+    let second_term = second.fencing_token();
+    let terms = HistoryFilter::new()
+        .key("relay~leader")
+        .kinds([EventKind::Acquired]);
+    common::wait_until("two terms written", Duration::from_secs(15), async || {
+        recording.history(&terms).await.unwrap().len() == 2
+    })
+    .await;
+
+    let (status, page) = get(&web::router(db.locker.clone()), "/primitives").await;
+    assert_eq!(status, StatusCode::OK);
+    let row_of = |name: &str| {
+        let row = page.split(&format!("<td>{name}</td>")).nth(1).expect(&page);
+        row.split("</tr>").next().unwrap().to_owned()
+    };
+    assert!(row_of("pool&lt;x&gt;").contains(">2 of 3<"), "{page}");
+    let catalog_row = row_of("catalog");
+    assert!(
+        catalog_row.starts_with("<td>read</td><td class=\"num\">2</td>"),
+        "{catalog_row}"
+    );
+    let relay_row = row_of("relay");
+    assert!(relay_row.contains(">node-b<"), "{relay_row}");
+    assert!(
+        relay_row.contains(&format!(">{second_term}<")),
+        "{relay_row}"
+    );
+    assert!(
+        relay_row.contains(&format!("#{second_term} <code>node-b</code>")),
+        "{relay_row}"
+    );
+    assert!(
+        relay_row.contains(&format!("#{first_term} <code>node-a</code>")),
+        "{relay_row}"
+    );
+    second.resign().await.unwrap();
+    for reader in readers {
+        reader.release().await.unwrap();
+    }
+    for permit in permits {
+        permit.release().await.unwrap();
+    }
+    recording.shutdown().await;
+}
+
 macro_rules! per_backend {
     ($($case:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -519,4 +594,5 @@ per_backend!(
     no_page_shows_the_database_url,
     a_keys_timeline_shows_holds_and_force_releases,
     jobs_show_their_runs_and_skips,
+    primitives_show_permits_readers_and_terms,
 );
