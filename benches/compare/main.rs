@@ -9,7 +9,8 @@
 //!
 //! 1. this file: flags, servers, the sections in the report's order, the page;
 //! 2. one folder per section of the report: `cycle` (sections 1 and 2), `hotkey` (3),
-//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7); each folder's `mod.rs`
+//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7), `history` (8); each
+//!    folder's `mod.rs`
 //!    runs its cells in the report's order;
 //! 3. the cells, one file each (`hotkey/contended.rs` for cells 3.1 and 3.1b, ...), and
 //!    the contenders and helpers they are built from (`hotkey/queue.rs`, ...);
@@ -27,6 +28,7 @@ mod contenders;
 mod cycle;
 mod handwritten;
 mod heap;
+mod history;
 mod hotkey;
 mod measure;
 mod primitives;
@@ -190,6 +192,16 @@ async fn main() {
         }
         if let Some(lite) = &lite {
             body.push_str(&primitives::file_section(&settings, lite).await);
+        }
+    }
+
+    if settings.runs(Section::History) {
+        body.push_str("## 8. Lock history: its cost on the cycle, and its statements\n\n");
+        if let Some(pg) = &pg {
+            body.push_str(&history::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&history::section(&settings, my).await);
         }
     }
 

@@ -11,12 +11,13 @@ Flags (each also an environment variable; the flag wins):
   --round-secs S      DBLOCK_BENCH_ROUND_SECS   seconds per contender per round (default 1)
   --long                                        rounds 15, round-secs 3: for a quiet machine
   --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper,
-                                                primitives
+                                                primitives,history
                                                 (default: all)
   --cells LIST        DBLOCK_BENCH_CELLS        only these cells, and their sections: cells of
                                                 sections 3 and 7 by number (3.1, 3.1b, 3.2,
-                                                3.3, 3.4, 7.1, 7.2, 7.3, 7.4), or a section's
-                                                number for all of it (1 to 7) (default: all)
+                                                3.3, 3.4, 7.1, 7.2, 7.3, 7.4, 8.1, 8.2), or a
+                                                section's number for all of it (1 to 8)
+                                                (default: all)
   --guards LIST       DBLOCK_BENCH_GUARDS       guards held through one Locker in the renewal
                                                 section, one run each (default 1000,10000)
   --reap-rows N       DBLOCK_BENCH_REAP_ROWS    expired rows per reaper round (default 100000)
@@ -40,16 +41,18 @@ pub enum Section {
     Renewal,
     Reaper,
     Primitives,
+    History,
 }
 
 impl Section {
-    const ALL: [Section; 6] = [
+    const ALL: [Section; 7] = [
         Section::Cycle,
         Section::HotKey,
         Section::Stock,
         Section::Renewal,
         Section::Reaper,
         Section::Primitives,
+        Section::History,
     ];
 
     /// Its numbers in the report.
@@ -61,6 +64,7 @@ impl Section {
             Section::Renewal => &["5"],
             Section::Reaper => &["6"],
             Section::Primitives => &["7"],
+            Section::History => &["8"],
         }
     }
 
@@ -72,6 +76,7 @@ impl Section {
             Section::Renewal => "renewal",
             Section::Reaper => "reaper",
             Section::Primitives => "primitives",
+            Section::History => "history",
         }
     }
 }

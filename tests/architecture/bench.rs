@@ -17,6 +17,7 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
         "sections",
         &[
             "cycle",
+            "history",
             "hotkey",
             "primitives",
             "reaper",
@@ -31,6 +32,8 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
             "cycle::overhead",
             "cycle::reference",
             "cycle::uncontended",
+            "history::batches",
+            "history::cycle",
             "hotkey::contended",
             "hotkey::fair",
             "hotkey::pool",
