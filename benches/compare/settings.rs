@@ -254,8 +254,8 @@ fn sections(list: &str) -> Vec<Section> {
 }
 
 /// The cells `--cells` may name besides a section's number.
-const CELLS: [&str; 9] = [
-    "3.1", "3.1b", "3.2", "3.3", "3.4", "7.1", "7.2", "7.3", "7.4",
+const CELLS: [&str; 11] = [
+    "3.1", "3.1b", "3.2", "3.3", "3.4", "7.1", "7.2", "7.3", "7.4", "8.1", "8.2",
 ];
 
 fn cells(list: &str) -> Vec<String> {
