@@ -9,8 +9,8 @@
 //!
 //! 1. this file: flags, servers, the sections in the report's order, the page;
 //! 2. one folder per section of the report: `cycle` (sections 1 and 2), `hotkey` (3),
-//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7), `console` (8, with the
-//!    cargo feature `web`); each folder's `mod.rs`
+//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7), `history` (8), `console`
+//!    (9, with the cargo feature `web`); each folder's `mod.rs`
 //!    runs its cells in the report's order;
 //! 3. the cells, one file each (`hotkey/contended.rs` for cells 3.1 and 3.1b, ...), and
 //!    the contenders and helpers they are built from (`hotkey/queue.rs`, ...);
@@ -30,6 +30,7 @@ mod contenders;
 mod cycle;
 mod handwritten;
 mod heap;
+mod history;
 mod hotkey;
 mod measure;
 mod primitives;
@@ -198,6 +199,15 @@ async fn main() {
         }
     }
 
+    if settings.runs(Section::History) {
+        body.push_str("## 8. Lock history: its cost on the cycle, and its statements\n\n");
+        if let Some(pg) = &pg {
+            body.push_str(&history::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&history::section(&settings, my).await);
+        }
+    }
     if settings.runs(Section::Console) {
         body.push_str(&console_section(&settings, pg.as_ref(), my.as_ref(), lite.as_ref()).await);
     }
@@ -237,7 +247,7 @@ async fn main() {
     eprintln!("compare: wrote {}", settings.out.display());
 }
 
-/// Section 8 on each server, when the bench is built with the console (feature `web`).
+/// Section 9 on each server, when the bench is built with the console (feature `web`).
 #[cfg(feature = "web")]
 async fn console_section(
     settings: &Settings,
@@ -258,7 +268,7 @@ async fn console_section(
     body
 }
 
-/// Without the console built in, section 8 says how to build it.
+/// Without the console built in, section 9 says how to build it.
 #[cfg(not(feature = "web"))]
 async fn console_section(
     _: &Settings,
@@ -266,7 +276,7 @@ async fn console_section(
     _: Option<&servers::Server<sqlx::MySql>>,
     _: Option<&servers::Server<sqlx::Sqlite>>,
 ) -> String {
-    "## 8. Console
+    "## 9. Console
 
 Not measured: the bench was built without the console \
      (`cargo bench --bench compare --features web`).\n\n"
@@ -314,7 +324,7 @@ fn command_line(settings: &Settings) -> String {
     env.sort();
     let mut command = format!("{}cargo bench --bench compare", env.concat());
     if cfg!(feature = "web") {
-        // Section 8 needs the console; a run without it says so instead.
+        // Section 9 needs the console; a run without it says so instead.
         command.push_str(" --features web");
     }
     if !settings.args.is_empty() {

@@ -18,6 +18,7 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
         &[
             "console",
             "cycle",
+            "history",
             "hotkey",
             "primitives",
             "reaper",
@@ -33,6 +34,8 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
             "cycle::overhead",
             "cycle::reference",
             "cycle::uncontended",
+            "history::batches",
+            "history::cycle",
             "hotkey::contended",
             "hotkey::fair",
             "hotkey::pool",

@@ -1,4 +1,4 @@
-//! Cell 8.1: the console's locks page over 10,000 held locks: the first page, a page in
+//! Cell 9.1: the console's locks page over 10,000 held locks: the first page, a page in
 //! the middle and the last (key-order paging with `?after=`), and a prefix's first page,
 //! each rendered through the Router, beside the page's database read alone.
 
