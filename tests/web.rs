@@ -573,6 +573,65 @@ where
     recording.shutdown().await;
 }
 
+/// Every page, a timeline, the confirmation page and the refused releases write nothing:
+/// triggers count each insert, update and delete on the lock table, its marks and its
+/// history (SQLite, whose triggers see every write of every connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_writes_only_a_confirmed_release() {
+    let Some(db) = TestDb::<dblock::Sqlite>::open().await else {
+        return;
+    };
+    let t = &db.table;
+    let mut counting = vec![
+        format!("CREATE TABLE {t}_writes (n INTEGER NOT NULL)"),
+        format!("INSERT INTO {t}_writes (n) VALUES (0)"),
+    ];
+    for table in [t.clone(), format!("{t}_waiter"), format!("{t}_events")] {
+        for event in ["INSERT", "UPDATE", "DELETE"] {
+            counting.push(format!(
+                "CREATE TRIGGER {table}_{event}_counted AFTER {event} ON {table}
+                 BEGIN UPDATE {t}_writes SET n = n + 1; END"
+            ));
+        }
+    }
+    for sql in counting {
+        dblock::Sqlite::exec(&db.pool, sql, vec![]).await.unwrap();
+    }
+    let writes = async || {
+        let sql = format!("SELECT n FROM {t}_writes");
+        dblock::Sqlite::fetch_i64(&db.pool, sql, vec![])
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let guard = db.locker.try_acquire("held", LEASE).await.unwrap().unwrap();
+    let before = writes().await;
+    let router = Console::new(db.locker.clone())
+        .allow_force_release("ops")
+        .router();
+    for path in [
+        "/",
+        "/?prefix=h&after=a",
+        "/primitives",
+        "/jobs",
+        "/metrics",
+        "/key/held",
+    ] {
+        let (status, page) = get(&router, path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {page}");
+    }
+    let (_, confirm) = post(&router, "/release/confirm", &[("key", "held")], &[]).await;
+    let (status, _) = post(&router, "/release", &[("key", "held"), ("csrf", "x")], &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(writes().await, before, "reads wrote");
+    let fields = [("key", "held"), ("csrf", &csrf_of(&confirm))];
+    let (status, _) = post(&router, "/release", &fields, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    // The row's delete and its force_released event.
+    assert_eq!(writes().await, before + 2);
+    drop(guard);
+}
+
 macro_rules! per_backend {
     ($($case:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
