@@ -63,8 +63,9 @@ pub enum EventKind {
     /// A row taken over from an expired holder, with the previous owner as its detail.
     /// Reserved: dblock records takeovers as [`Acquired`](Self::Acquired) today.
     TakenOver,
-    /// Released by its holder (a guard's release or drop, the end of `with_lock`); the
-    /// detail says `"handed off"` when the row went straight to the next waiter.
+    /// Released by its holder (a guard's release or drop, the end of `with_lock`). When
+    /// the release handed the row to the next waiter, a [`HandedOff`](Self::HandedOff)
+    /// event follows it.
     Released,
     /// Given to the next waiter of the releasing Locker in the release's own statement
     /// (PostgreSQL): the new owner and token, the previous owner as the detail.

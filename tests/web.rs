@@ -498,6 +498,140 @@ where
     guard.release().await.unwrap();
 }
 
+/// `/primitives`: a semaphore's permits in use, a read-write lock's readers, an
+/// election's leader and, from the history, its latest terms.
+async fn primitives_show_permits_readers_and_terms<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let recording = dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .auto_renew(false)
+        .history(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let pool = recording.semaphore("pool<x>", 3);
+    let permits = [
+        pool.try_acquire(LEASE).await.unwrap().unwrap(),
+        pool.try_acquire(LEASE).await.unwrap().unwrap(),
+    ];
+    let catalog = recording.rw_lock("catalog");
+    let readers = [
+        catalog.try_read(LEASE).await.unwrap().unwrap(),
+        catalog.try_read(LEASE).await.unwrap().unwrap(),
+    ];
+    let relay = recording.election("relay");
+    let first = relay.campaign("node-a", LEASE).await.unwrap();
+    let first_term = first.fencing_token();
+    first.resign().await.unwrap();
+    let second = relay.campaign("node-b", LEASE).await.unwrap();
+    let second_term = second.fencing_token();
+    let terms = HistoryFilter::new()
+        .key("relay~leader")
+        .kinds([EventKind::Acquired]);
+    common::wait_until("two terms written", Duration::from_secs(15), async || {
+        recording.history(&terms).await.unwrap().len() == 2
+    })
+    .await;
+
+    let (status, page) = get(&web::router(db.locker.clone()), "/primitives").await;
+    assert_eq!(status, StatusCode::OK);
+    let row_of = |name: &str| {
+        let row = page.split(&format!("<td>{name}</td>")).nth(1).expect(&page);
+        row.split("</tr>").next().unwrap().to_owned()
+    };
+    assert!(row_of("pool&lt;x&gt;").contains(">2 of 3<"), "{page}");
+    let catalog_row = row_of("catalog");
+    assert!(
+        catalog_row.starts_with("<td>read</td><td class=\"num\">2</td>"),
+        "{catalog_row}"
+    );
+    let relay_row = row_of("relay");
+    assert!(relay_row.contains(">node-b<"), "{relay_row}");
+    assert!(
+        relay_row.contains(&format!(">{second_term}<")),
+        "{relay_row}"
+    );
+    assert!(
+        relay_row.contains(&format!("#{second_term} <code>node-b</code>")),
+        "{relay_row}"
+    );
+    assert!(
+        relay_row.contains(&format!("#{first_term} <code>node-a</code>")),
+        "{relay_row}"
+    );
+    second.resign().await.unwrap();
+    for reader in readers {
+        reader.release().await.unwrap();
+    }
+    for permit in permits {
+        permit.release().await.unwrap();
+    }
+    recording.shutdown().await;
+}
+
+/// Every page, a timeline, the confirmation page and the refused releases write nothing:
+/// triggers count each insert, update and delete on the lock table, its marks and its
+/// history (SQLite, whose triggers see every write of every connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_writes_only_a_confirmed_release() {
+    let Some(db) = TestDb::<dblock::Sqlite>::open().await else {
+        return;
+    };
+    let t = &db.table;
+    let mut counting = vec![
+        format!("CREATE TABLE {t}_writes (n INTEGER NOT NULL)"),
+        format!("INSERT INTO {t}_writes (n) VALUES (0)"),
+    ];
+    for table in [t.clone(), format!("{t}_waiter"), format!("{t}_events")] {
+        for event in ["INSERT", "UPDATE", "DELETE"] {
+            counting.push(format!(
+                "CREATE TRIGGER {table}_{event}_counted AFTER {event} ON {table}
+                 BEGIN UPDATE {t}_writes SET n = n + 1; END"
+            ));
+        }
+    }
+    for sql in counting {
+        dblock::Sqlite::exec(&db.pool, sql, vec![]).await.unwrap();
+    }
+    let writes = async || {
+        let sql = format!("SELECT n FROM {t}_writes");
+        dblock::Sqlite::fetch_i64(&db.pool, sql, vec![])
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let guard = db.locker.try_acquire("held", LEASE).await.unwrap().unwrap();
+    let before = writes().await;
+    let router = Console::new(db.locker.clone())
+        .allow_force_release("ops")
+        .router();
+    for path in [
+        "/",
+        "/?prefix=h&after=a",
+        "/primitives",
+        "/jobs",
+        "/metrics",
+        "/key/held",
+    ] {
+        let (status, page) = get(&router, path).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {page}");
+    }
+    let (_, confirm) = post(&router, "/release/confirm", &[("key", "held")], &[]).await;
+    let (status, _) = post(&router, "/release", &[("key", "held"), ("csrf", "x")], &[]).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    assert_eq!(writes().await, before, "reads wrote");
+    let fields = [("key", "held"), ("csrf", &csrf_of(&confirm))];
+    let (status, _) = post(&router, "/release", &fields, &[]).await;
+    assert_eq!(status, StatusCode::OK);
+    // The row's delete and its force_released event.
+    assert_eq!(writes().await, before + 2);
+    drop(guard);
+}
+
 macro_rules! per_backend {
     ($($case:ident),* $(,)?) => {
         mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -519,4 +653,5 @@ per_backend!(
     no_page_shows_the_database_url,
     a_keys_timeline_shows_holds_and_force_releases,
     jobs_show_their_runs_and_skips,
+    primitives_show_permits_readers_and_terms,
 );

@@ -9,7 +9,8 @@
 //!
 //! 1. this file: flags, servers, the sections in the report's order, the page;
 //! 2. one folder per section of the report: `cycle` (sections 1 and 2), `hotkey` (3),
-//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7); each folder's `mod.rs`
+//!    `stock` (4), `renewal` (5), `reaper` (6), `primitives` (7), `history` (8), `console`
+//!    (9, with the cargo feature `web`); each folder's `mod.rs`
 //!    runs its cells in the report's order;
 //! 3. the cells, one file each (`hotkey/contended.rs` for cells 3.1 and 3.1b, ...), and
 //!    the contenders and helpers they are built from (`hotkey/queue.rs`, ...);
@@ -23,10 +24,13 @@
 //!    (markdown), `heap` (a counting allocator), `trace` (keeps the engine's renewal
 //!    failures).
 
+#[cfg(feature = "web")]
+mod console;
 mod contenders;
 mod cycle;
 mod handwritten;
 mod heap;
+mod history;
 mod hotkey;
 mod measure;
 mod primitives;
@@ -112,7 +116,9 @@ async fn main() {
 
     // SQLite needs no server: a database file of its own, removed with `_scratch`, for
     // the cells whose worker processes share it.
-    let sqlite_cells = settings.runs(Section::HotKey) || settings.runs(Section::Primitives);
+    let sqlite_cells = settings.runs(Section::HotKey)
+        || settings.runs(Section::Primitives)
+        || settings.runs(Section::Console);
     let (lite, _scratch) = match &settings.sqlite_dir {
         Some(dir) if sqlite_cells => match servers::sqlite::open(dir).await {
             Ok((server, scratch)) => (Some(server), Some(scratch)),
@@ -193,6 +199,19 @@ async fn main() {
         }
     }
 
+    if settings.runs(Section::History) {
+        body.push_str("## 8. Lock history: its cost on the cycle, and its statements\n\n");
+        if let Some(pg) = &pg {
+            body.push_str(&history::section(&settings, pg).await);
+        }
+        if let Some(my) = &my {
+            body.push_str(&history::section(&settings, my).await);
+        }
+    }
+    if settings.runs(Section::Console) {
+        body.push_str(&console_section(&settings, pg.as_ref(), my.as_ref(), lite.as_ref()).await);
+    }
+
     let preamble = report::Preamble {
         command: command_line(&settings),
         when: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
@@ -226,6 +245,42 @@ async fn main() {
         std::process::exit(1);
     }
     eprintln!("compare: wrote {}", settings.out.display());
+}
+
+/// Section 9 on each server, when the bench is built with the console (feature `web`).
+#[cfg(feature = "web")]
+async fn console_section(
+    settings: &Settings,
+    pg: Option<&servers::Server<sqlx::Postgres>>,
+    my: Option<&servers::Server<sqlx::MySql>>,
+    lite: Option<&servers::Server<sqlx::Sqlite>>,
+) -> String {
+    let mut body = console::INTRO.to_owned();
+    if let Some(pg) = pg {
+        body.push_str(&console::section(settings, pg).await);
+    }
+    if let Some(my) = my {
+        body.push_str(&console::section(settings, my).await);
+    }
+    if let Some(lite) = lite {
+        body.push_str(&console::section(settings, lite).await);
+    }
+    body
+}
+
+/// Without the console built in, section 9 says how to build it.
+#[cfg(not(feature = "web"))]
+async fn console_section(
+    _: &Settings,
+    _: Option<&servers::Server<sqlx::Postgres>>,
+    _: Option<&servers::Server<sqlx::MySql>>,
+    _: Option<&servers::Server<sqlx::Sqlite>>,
+) -> String {
+    "## 9. Console
+
+Not measured: the bench was built without the console \
+     (`cargo bench --bench compare --features web`).\n\n"
+        .to_owned()
 }
 
 /// A worker process's job, run by the section whose mode it is.
@@ -268,6 +323,10 @@ fn command_line(settings: &Settings) -> String {
         .collect();
     env.sort();
     let mut command = format!("{}cargo bench --bench compare", env.concat());
+    if cfg!(feature = "web") {
+        // Section 9 needs the console; a run without it says so instead.
+        command.push_str(" --features web");
+    }
     if !settings.args.is_empty() {
         command.push_str(" -- ");
         command.push_str(&settings.args.join(" "));

@@ -234,7 +234,7 @@ hand-written SQL share the same pool settings and the same tables.
 
 /// Figures that decided a choice in `src/`, measured once when the choice was made (not
 /// by this run). The code's comments keep the reason and point here.
-const BEHIND_THE_CODE: &str = "## 8. Figures behind choices in the code
+const BEHIND_THE_CODE: &str = "## 10. Figures behind choices in the code
 
 Measured once, when the choice was made, not by this run; the comment at each place in
 `src/` gives the reason and points here.

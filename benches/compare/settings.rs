@@ -11,12 +11,13 @@ Flags (each also an environment variable; the flag wins):
   --round-secs S      DBLOCK_BENCH_ROUND_SECS   seconds per contender per round (default 1)
   --long                                        rounds 15, round-secs 3: for a quiet machine
   --sections LIST     DBLOCK_BENCH_SECTIONS     any of cycle,hotkey,stock,renewal,reaper,
-                                                primitives
-                                                (default: all)
+                                                primitives,history,console (console:
+                                                built with --features web) (default: all)
   --cells LIST        DBLOCK_BENCH_CELLS        only these cells, and their sections: cells of
                                                 sections 3 and 7 by number (3.1, 3.1b, 3.2,
-                                                3.3, 3.4, 7.1, 7.2, 7.3, 7.4), or a section's
-                                                number for all of it (1 to 7) (default: all)
+                                                3.3, 3.4, 7.1, 7.2, 7.3, 7.4, 8.1, 8.2, 9.1), or a
+                                                section's number for all of it (1 to 9)
+                                                (default: all)
   --guards LIST       DBLOCK_BENCH_GUARDS       guards held through one Locker in the renewal
                                                 section, one run each (default 1000,10000)
   --reap-rows N       DBLOCK_BENCH_REAP_ROWS    expired rows per reaper round (default 100000)
@@ -25,7 +26,7 @@ Servers (empty or `off` skips one):
   DBLOCK_BENCH_POSTGRES_URL  default postgres://postgres@127.0.0.1:5432/test
   DBLOCK_BENCH_MYSQL_URL     default mysql://root@127.0.0.1:3306/test
   DBLOCK_BENCH_REDIS_URL     default redis://127.0.0.1:6379
-SQLite (cells 3.2, 7.2 and 7.3; `off` skips it):
+SQLite (cells 3.2, 7.2, 7.3 and 9.1; `off` skips it):
   DBLOCK_BENCH_SQLITE        a directory for the bench's database file, made fresh in a
                              directory of its own and removed afterwards (default: the
                              system's temp dir)
@@ -40,16 +41,20 @@ pub enum Section {
     Renewal,
     Reaper,
     Primitives,
+    History,
+    Console,
 }
 
 impl Section {
-    const ALL: [Section; 6] = [
+    const ALL: [Section; 8] = [
         Section::Cycle,
         Section::HotKey,
         Section::Stock,
         Section::Renewal,
         Section::Reaper,
         Section::Primitives,
+        Section::History,
+        Section::Console,
     ];
 
     /// Its numbers in the report.
@@ -61,6 +66,8 @@ impl Section {
             Section::Renewal => &["5"],
             Section::Reaper => &["6"],
             Section::Primitives => &["7"],
+            Section::History => &["8"],
+            Section::Console => &["9"],
         }
     }
 
@@ -72,6 +79,8 @@ impl Section {
             Section::Renewal => "renewal",
             Section::Reaper => "reaper",
             Section::Primitives => "primitives",
+            Section::History => "history",
+            Section::Console => "console",
         }
     }
 }
@@ -249,8 +258,8 @@ fn sections(list: &str) -> Vec<Section> {
 }
 
 /// The cells `--cells` may name besides a section's number.
-const CELLS: [&str; 9] = [
-    "3.1", "3.1b", "3.2", "3.3", "3.4", "7.1", "7.2", "7.3", "7.4",
+const CELLS: [&str; 12] = [
+    "3.1", "3.1b", "3.2", "3.3", "3.4", "7.1", "7.2", "7.3", "7.4", "8.1", "8.2", "9.1",
 ];
 
 fn cells(list: &str) -> Vec<String> {

@@ -10,6 +10,14 @@ use super::layout::{self, duration};
 use super::{Base, State};
 use crate::admin::{LockFilter, LockInfo, MAX_LIST_LIMIT};
 use crate::config::GROUP_MARK;
+use crate::history::{HistoryFilter, LockEvent};
+use crate::recorder::EventKind;
+
+/// Past terms shown per election (the newest), from the last hour of the history.
+const TERMS_SHOWN: u32 = 5;
+
+/// Elections whose past terms are read (one history read each), in name order.
+const ELECTIONS_WITH_TERMS: usize = 50;
 
 /// What the rows of one primitive say.
 #[derive(Debug, Default)]
@@ -67,7 +75,27 @@ pub(super) async fn page(axum::extract::State(shared): State, base: Base) -> Res
     let rwlocks = found
         .iter()
         .filter(|(_, p)| p.readers > 0 || p.writer.is_some());
-    let elections = found.iter().filter_map(|(name, p)| Some((name, p.leader?)));
+    let elections: Vec<(&str, &LockInfo)> = found
+        .iter()
+        .filter_map(|(name, p)| Some((*name, p.leader?)))
+        .collect();
+    // Each leading election's latest terms: the acquisitions of its leader row.
+    let mut terms: Vec<Vec<LockEvent>> = Vec::new();
+    for (name, _) in elections.iter().take(ELECTIONS_WITH_TERMS) {
+        let filter = HistoryFilter::new()
+            .key(format!("{name}{GROUP_MARK}leader"))
+            .kinds([
+                EventKind::Acquired,
+                EventKind::TakenOver,
+                EventKind::HandedOff,
+            ])
+            .within(std::time::Duration::from_secs(3600))
+            .limit(TERMS_SHOWN);
+        match locker.history(&filter).await {
+            Ok(events) => terms.push(events),
+            Err(err) => return layout::failure(&base, locker.table(), &err),
+        }
+    }
     let body = html! {
         h1 { "Primitives" }
         p.note {
@@ -94,8 +122,9 @@ pub(super) async fn page(axum::extract::State(shared): State, base: Base) -> Res
                 }
             } } }
         h2 { "Elections" }
-        table { thead { tr { th { "Name" } th { "Leader" } th { "Term" } th { "Leading for" } th { "Lease left" } } }
-            tbody { @for (name, leader) in elections {
+        table { thead { tr { th { "Name" } th { "Leader" } th { "Term" } th { "Leading for" } th { "Lease left" }
+                th { "Latest terms (last hour, from the history)" } } }
+            tbody { @for (i, (name, leader)) in elections.iter().enumerate() {
                 tr {
                     td { (name) }
                     td.owner { (identity(&leader.owner)) }
@@ -104,6 +133,10 @@ pub(super) async fn page(axum::extract::State(shared): State, base: Base) -> Res
                     td.num.lease data-left-ms=(leader.expires_in().as_millis()) {
                         (duration(leader.expires_in()))
                     }
+                    td { @for term in terms.get(i).into_iter().flatten() {
+                        div { "#" (term.fencing_token.unwrap_or_default()) " " code { (identity(&term.owner)) }
+                            " from " (term.at.format("%H:%M:%S")) }
+                    } }
                 }
             } } }
     };

@@ -16,7 +16,9 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
     (
         "sections",
         &[
+            "console",
             "cycle",
+            "history",
             "hotkey",
             "primitives",
             "reaper",
@@ -27,10 +29,13 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
     (
         "cells",
         &[
+            "console::locks_page",
             "cycle::anatomy",
             "cycle::overhead",
             "cycle::reference",
             "cycle::uncontended",
+            "history::batches",
+            "history::cycle",
             "hotkey::contended",
             "hotkey::fair",
             "hotkey::pool",

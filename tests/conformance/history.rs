@@ -338,6 +338,22 @@ pub async fn no_history_writes_nothing<DB: TestBackend>() {
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].kind, EventKind::ForceReleased);
     assert_eq!(events[0].detail.as_deref(), Some("console:admin"));
+
+    // A table migrated before the history existed: the row goes all the same.
+    let drop = format!("DROP TABLE {}_events", db.table);
+    DB::exec(&db.pool, drop, vec![]).await.unwrap();
+    let _old = locker.try_acquire("old", LONG).await.unwrap().unwrap();
+    assert!(
+        locker
+            .force_release_by("old", "console:admin")
+            .await
+            .unwrap()
+    );
+    assert_eq!(locker.holder("old").await.unwrap(), None);
+    assert!(matches!(
+        locker.history(&HistoryFilter::new()).await,
+        Err(Error::MissingTable { .. })
+    ));
 }
 
 /// `shutdown` writes what is noted and not written yet, before the next tick.

@@ -55,7 +55,7 @@ impl LockDb for MySql {
         run(
             pool,
             format!(
-                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket"
+                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket, {table}_events"
             ),
         )
         .await

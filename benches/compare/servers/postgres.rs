@@ -45,7 +45,7 @@ impl LockDb for Postgres {
         run(
             pool,
             format!(
-                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket, {table}_epoch; \
+                "DROP TABLE IF EXISTS {table}, {table}_history, {table}_ticket, {table}_epoch, {table}_events; \
                  DROP SEQUENCE IF EXISTS {table}_fencing_seq, {table}_ticket_seq; \
                  DROP FUNCTION IF EXISTS {table}_new_epoch()"
             ),
