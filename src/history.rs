@@ -297,7 +297,8 @@ impl<DB: Backend> Locker<DB> {
             detail: Some(operator),
             age_micros: 0,
         };
-        if let Err(err) = core.table.record_events(&[event]).await {
+        let now = tokio::time::Instant::now();
+        if let Err(err) = core.table.record_events(&[(event, now)]).await {
             tracing::warn!(key, operator, table = core.table.name(), error = %err, "the lock was force-released, but the event could not be written to the history");
         }
         Ok(true)

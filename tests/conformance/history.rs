@@ -373,3 +373,59 @@ pub async fn shutdown_writes_the_noted_history<DB: TestBackend>() {
     assert!(written.contains(&("stop", EventKind::Released)));
     assert!(written.contains(&("dropped", EventKind::Released)));
 }
+
+/// A release that hands the row to the next local waiter in its own statement
+/// (PostgreSQL) writes the holder's `Released`, then `HandedOff` with the waiter's owner
+/// and new token and the previous owner as detail; elsewhere the waiter's own
+/// acquisition follows the release. (On PostgreSQL the first waiter's turn comes from a
+/// delete, its lost attempt having marked the row; the second's is handed off.)
+pub async fn history_records_a_handoff<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let locker = recording(&db, "hand:1:");
+    let first = locker.try_acquire("h:hand", LONG).await.unwrap().unwrap();
+    let mut waiters = Vec::new();
+    for n in 1..=2 {
+        let waiter = locker.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = waiter.acquire("h:hand", LONG, PATIENCE).await.unwrap();
+            let held = (guard.owner().to_owned(), guard.fencing_token());
+            // The work under the lock (no signal to wait for: holding is the point),
+            // long enough for the next waiter to stand its offer of a handoff.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+            held
+        }));
+        let queued = async || locker.waiting("h:hand") == n;
+        wait_until("the waiter queues", PATIENCE, queued).await;
+    }
+    first.release().await.unwrap();
+    let mut held = Vec::new();
+    for waiter in waiters {
+        held.push(waiter.await.unwrap());
+    }
+    locker.shutdown().await;
+    let events = all(&db.locker).await;
+    let on_key = of_key(&events, "h:hand");
+    let handed = if DB::HANDOFF_IN_RELEASE {
+        EventKind::HandedOff
+    } else {
+        EventKind::Acquired
+    };
+    use EventKind::{Acquired, Released};
+    let expected = [Acquired, Released, Acquired, Released, handed, Released];
+    assert_eq!(kinds(&on_key), expected, "{on_key:#?}");
+    let (a, b) = (&held[0], &held[1]);
+    assert_eq!(
+        (on_key[2].owner.as_str(), on_key[2].fencing_token),
+        (a.0.as_str(), Some(a.1))
+    );
+    assert_eq!(
+        (on_key[4].owner.as_str(), on_key[4].fencing_token),
+        (b.0.as_str(), Some(b.1))
+    );
+    if DB::HANDOFF_IN_RELEASE {
+        assert_eq!(on_key[4].detail.as_deref(), Some(a.0.as_str()));
+    }
+}
