@@ -34,8 +34,13 @@ async fn all<DB: TestBackend>(locker: &Locker<DB>) -> Vec<LockEvent> {
     locker.history(&filter).await.unwrap()
 }
 
+/// The events of `key` in the order their Locker noted them (ids: each Locker writes its
+/// events in that order). By time they may swap where two were noted a moment apart and
+/// written in two statements (see `LockEvent::at`).
 fn of_key<'a>(events: &'a [LockEvent], key: &str) -> Vec<&'a LockEvent> {
-    events.iter().filter(|event| event.key == key).collect()
+    let mut of_key: Vec<&LockEvent> = events.iter().filter(|event| event.key == key).collect();
+    of_key.sort_by_key(|event| event.id);
+    of_key
 }
 
 fn kinds(events: &[&LockEvent]) -> Vec<EventKind> {
@@ -211,47 +216,53 @@ pub async fn history_filters_select_exactly<DB: TestBackend>() {
         let events = db.locker.history(&filter).await.unwrap();
         events.into_iter().map(|e| (e.key, e.kind)).collect()
     };
-    let pair = |key: &str, kind| (key.to_owned(), kind);
-    use EventKind::{Acquired, Released};
-
-    let newest = read(HistoryFilter::new()).await;
-    assert_eq!(newest.len(), 8);
-    assert_eq!(newest[0], pair("g:a", Released), "newest first by default");
-    assert_eq!(
-        read(HistoryFilter::new().key("f:a").oldest_first()).await,
-        [pair("f:a", Acquired), pair("f:a", Released)]
-    );
-    assert_eq!(
-        read(
-            HistoryFilter::new()
-                .prefix("f:")
-                .kinds([Acquired])
-                .oldest_first()
-        )
-        .await,
-        [pair("f:a", Acquired), pair("f:b", Acquired)],
-        "`f;` is past the prefix"
-    );
-    assert_eq!(
-        read(
-            HistoryFilter::new()
-                .owner("two:2:")
-                .kinds([Released])
-                .oldest_first()
-        )
-        .await,
-        [pair("f:b", Released), pair("g:a", Released)]
-    );
-    assert!(read(HistoryFilter::new().kinds([])).await.is_empty());
-    assert_eq!(read(HistoryFilter::new().limit(3)).await, newest[..3]);
-
-    // A time range by the events' own (database) times: since is inclusive, until not.
+    // Every event, oldest first: the order is (time, id) by the database's own values;
+    // each filter must select exactly these events' matching ones, in this order.
     let events = all(&db.locker).await;
-    let middle = events[4].at;
+    assert_eq!(events.len(), 8);
+    for pair in events.windows(2) {
+        assert!(
+            (pair[0].at, pair[0].id) < (pair[1].at, pair[1].id),
+            "{pair:?}"
+        );
+    }
     let expected = |keep: &dyn Fn(&LockEvent) -> bool| -> Vec<(String, EventKind)> {
         let kept = events.iter().filter(|e| keep(e));
         kept.map(|e| (e.key.clone(), e.kind)).collect()
     };
+    use EventKind::{Acquired, Released};
+
+    let mut newest = read(HistoryFilter::new()).await;
+    assert_eq!(read(HistoryFilter::new().limit(3)).await, newest[..3]);
+    newest.reverse();
+    assert_eq!(newest, expected(&|_| true), "newest first by default");
+    assert_eq!(
+        read(HistoryFilter::new().key("f:a").oldest_first()).await,
+        expected(&|e| e.key == "f:a")
+    );
+    let prefixed = HistoryFilter::new()
+        .prefix("f:")
+        .kinds([Acquired])
+        .oldest_first();
+    assert_eq!(
+        read(prefixed).await,
+        expected(&|e| e.key.starts_with("f:") && e.kind == Acquired),
+        "`f;` is past the prefix"
+    );
+    assert_eq!(read(HistoryFilter::new().prefix("f:")).await.len(), 4);
+    let owned = HistoryFilter::new()
+        .owner("two:2:")
+        .kinds([Released])
+        .oldest_first();
+    assert_eq!(
+        read(owned).await,
+        expected(&|e| e.owner.starts_with("two:2:") && e.kind == Released)
+    );
+    assert_eq!(read(HistoryFilter::new().owner("two:2:")).await.len(), 4);
+    assert!(read(HistoryFilter::new().kinds([])).await.is_empty());
+
+    // A time range by the events' own (database) times: since is inclusive, until not.
+    let middle = events[4].at;
     assert_eq!(
         read(HistoryFilter::new().since(middle).oldest_first()).await,
         expected(&|e| e.at >= middle)
