@@ -57,7 +57,8 @@ async fn count_events<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
 /// operator's force-release with the deleted row's owner and token and the operator's
 /// name; a job's run (its row's acquisition and release, then the run) and a skip; a
 /// leader's term (the `~leader` row's acquisition and release). Every event's time lies
-/// between two readings of the database clock taken before and after.
+/// between two readings of the database clock taken before the events and after their
+/// write.
 pub async fn history_records_what_happened_to_each_lock<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
@@ -107,9 +108,12 @@ pub async fn history_records_what_happened_to_each_lock<DB: TestBackend>() {
         .unwrap();
     let term = leadership.term();
     leadership.resign().await.unwrap();
-    let after = db_now(&db).await;
 
+    // Read after the write: an event's time is the write's database clock less its age,
+    // so it lies between the clock read before the event and the one after the write
+    // (how close to the event is shutdown_writes_the_noted_history's to check).
     locker.shutdown().await;
+    let after = db_now(&db).await;
     let events = all(&db.locker).await;
     for event in &events {
         assert!(
@@ -367,17 +371,38 @@ pub async fn no_history_writes_nothing<DB: TestBackend>() {
     ));
 }
 
-/// `shutdown` writes what is noted and not written yet, before the next tick.
+/// `shutdown` writes what is noted and not written yet, before the next tick, each event
+/// dated when it happened, not when it was written: events noted before a reading of the
+/// database clock, and written after it (a quarter of a tick later), are dated before it.
 pub async fn shutdown_writes_the_noted_history<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
+    let _clock = db
+        .locker
+        .try_acquire("~clock", LONG)
+        .await
+        .unwrap()
+        .unwrap();
     let locker = recording(&db, "stop:1:");
+    let before = db_now(&db).await;
     let guard = locker.try_acquire("stop", LONG).await.unwrap().unwrap();
     guard.release().await.unwrap();
     // A guard dropped without release: the engine releases it as it stops.
     drop(locker.try_acquire("dropped", LONG).await.unwrap().unwrap());
+    // Time passing before the write (not a synchronization: the gap being measured).
+    tokio::time::sleep(dblock::HISTORY_FLUSH_INTERVAL / 4).await;
+    let between = db_now(&db).await;
     locker.shutdown().await;
+    let events = all(&db.locker).await;
+    let stop: Vec<&LockEvent> = of_key(&events, "stop");
+    assert_eq!(stop.len(), 2);
+    for event in stop {
+        assert!(
+            before <= event.at && event.at < between,
+            "{event:?}: [{before}, {between})"
+        );
+    }
     let events = all(&db.locker).await;
     let written: Vec<(&str, EventKind)> = events.iter().map(|e| (e.key.as_str(), e.kind)).collect();
     assert_eq!(written.len(), 4, "{written:?}");
