@@ -42,9 +42,15 @@ pub const MAX_HISTORY_LIMIT: u32 = 10_000;
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LockEvent {
-    /// Increasing within a table, in the order events were written.
+    /// Increasing within a table, in the order events were written: for one Locker's
+    /// events, the order it noted them.
     pub id: i64,
-    /// The database clock's time of the event.
+    /// The database clock's time of the event: the clock's reading when the event was
+    /// written, less the event's age by the recording process's monotonic clock. Late by
+    /// the write's one-way delay (a loopback network's is tens of microseconds; more on a
+    /// stalled machine): two events noted a moment apart and written in two statements
+    /// may swap by time; [`id`](Self::id) keeps one Locker's events in the order it noted
+    /// them.
     pub at: DateTime<Utc>,
     /// What happened.
     pub kind: EventKind,
@@ -297,7 +303,8 @@ impl<DB: Backend> Locker<DB> {
             detail: Some(operator),
             age_micros: 0,
         };
-        if let Err(err) = core.table.record_events(&[event]).await {
+        let now = tokio::time::Instant::now();
+        if let Err(err) = core.table.record_events(&[(event, now)]).await {
             tracing::warn!(key, operator, table = core.table.name(), error = %err, "the lock was force-released, but the event could not be written to the history");
         }
         Ok(true)

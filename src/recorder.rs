@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::micros;
 use crate::dialect::{Backend, NewEvent};
 use crate::error::{Error, Result};
 use crate::jobs::Jobs;
@@ -170,6 +169,29 @@ pub(crate) struct Recorder {
 pub(crate) trait Record {
     /// Notes an event without a detail.
     fn record(&self, kind: EventKind, key: &str, owner: &str, fencing_token: Option<i64>);
+    /// Now, when recording (for [`record_at`](Self::record_at)); `None` (and no clock
+    /// read) when not.
+    fn now(&self) -> Option<Instant>;
+    /// Notes an event that happened at `at` (when its statement answered, before what
+    /// followed it: a release's waking of the next waiter, whose own events come later).
+    fn record_at(
+        &self,
+        at: Option<Instant>,
+        kind: EventKind,
+        key: &str,
+        owner: &str,
+        fencing_token: Option<i64>,
+    );
+    /// [`record_at`](Self::record_at) with a detail (formatted only when recording).
+    fn record_detail_at(
+        &self,
+        at: Option<Instant>,
+        kind: EventKind,
+        key: &str,
+        owner: &str,
+        fencing_token: Option<i64>,
+        detail: impl Display,
+    );
     /// Notes an event with a detail (formatted only when recording).
     fn record_detail(
         &self,
@@ -185,7 +207,42 @@ impl Record for Option<Arc<Recorder>> {
     #[inline]
     fn record(&self, kind: EventKind, key: &str, owner: &str, fencing_token: Option<i64>) {
         if let Some(recorder) = self {
-            recorder.note(kind, key, owner, fencing_token, None);
+            recorder.note(Instant::now(), kind, key, owner, fencing_token, None);
+        }
+    }
+
+    #[inline]
+    fn now(&self) -> Option<Instant> {
+        self.as_ref().map(|_| Instant::now())
+    }
+
+    #[inline]
+    fn record_at(
+        &self,
+        at: Option<Instant>,
+        kind: EventKind,
+        key: &str,
+        owner: &str,
+        fencing_token: Option<i64>,
+    ) {
+        if let (Some(recorder), Some(at)) = (self, at) {
+            recorder.note(at, kind, key, owner, fencing_token, None);
+        }
+    }
+
+    #[inline]
+    fn record_detail_at(
+        &self,
+        at: Option<Instant>,
+        kind: EventKind,
+        key: &str,
+        owner: &str,
+        fencing_token: Option<i64>,
+        detail: impl Display,
+    ) {
+        if let (Some(recorder), Some(at)) = (self, at) {
+            let detail = Some(detail.to_string());
+            recorder.note(at, kind, key, owner, fencing_token, detail);
         }
     }
 
@@ -200,7 +257,7 @@ impl Record for Option<Arc<Recorder>> {
     ) {
         if let Some(recorder) = self {
             let detail = Some(detail.to_string());
-            recorder.note(kind, key, owner, fencing_token, detail);
+            recorder.note(Instant::now(), kind, key, owner, fencing_token, detail);
         }
     }
 }
@@ -221,6 +278,7 @@ impl Recorder {
 
     fn note(
         &self,
+        at: Instant,
         kind: EventKind,
         key: &str,
         owner: &str,
@@ -228,7 +286,7 @@ impl Recorder {
         detail: Option<String>,
     ) {
         let event = Pending {
-            at: Instant::now(),
+            at,
             kind,
             key: key.to_owned(),
             owner: owner.to_owned(),
@@ -261,16 +319,18 @@ impl Recorder {
         if batch.is_empty() {
             return Ok(0);
         }
-        let now = Instant::now();
-        let events: Vec<NewEvent<'_>> = batch
+        let events: Vec<(NewEvent<'_>, Instant)> = batch
             .iter()
-            .map(|event| NewEvent {
-                kind: event.kind.as_str(),
-                key: &event.key,
-                owner: &event.owner,
-                fencing_token: event.fencing_token,
-                detail: event.detail.as_deref(),
-                age_micros: micros(now.saturating_duration_since(event.at)),
+            .map(|event| {
+                let new = NewEvent {
+                    kind: event.kind.as_str(),
+                    key: &event.key,
+                    owner: &event.owner,
+                    fencing_token: event.fencing_token,
+                    detail: event.detail.as_deref(),
+                    age_micros: 0,
+                };
+                (new, event.at)
             })
             .collect();
         Counters::bump(&self.counters.history_batches);

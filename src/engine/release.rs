@@ -111,6 +111,18 @@ impl<DB: Backend> Engine<DB> {
                             });
                             return outcome;
                         }
+                        // Both ends of the handoff, dated at its answer, before the
+                        // waiter holds the row (and may release it).
+                        let (history, at) = (&engine.inner.history, engine.inner.history.now());
+                        history.record_at(
+                            at,
+                            EventKind::Released,
+                            &key,
+                            &owner,
+                            Some(fencing_token),
+                        );
+                        let (to, token) = (&offer.owner, Some(won.fencing_token));
+                        history.record_detail_at(at, EventKind::HandedOff, &key, to, token, &owner);
                         let lease = engine.start_lease(won);
                         tracing::debug!(key, owner = %offer.owner, fencing_token = lease.fencing_token, "lock handed to the next waiter");
                         // The waiter went away meanwhile (cancelled, timed out): nobody
@@ -147,26 +159,24 @@ impl<DB: Backend> Engine<DB> {
             job: Some(job),
         };
         let outcome = answer(&mut in_flight.job).await;
-        lease.end_hold();
         let handed_over = matches!(outcome, Ok(HandOff::To(_)));
+        // A handed-over row's events were recorded in the job.
+        let answered = self.inner.history.now().filter(|_| !handed_over);
+        lease.end_hold();
         // The waiter yielded to the notification (above): the listener wakes the queue.
         let yielded = yielded_offer.yielded.load(Ordering::Acquire);
         if !handed_over && !yielded {
             self.inner.queues.released(&lease.key);
         }
-        let (deleted, handed_token) = match outcome? {
-            HandOff::To(won) => (Some(false), Some(won.fencing_token)),
-            HandOff::Released { expired, .. } => (Some(expired), None),
-            HandOff::NotOurs => (None, None),
+        let deleted = match outcome? {
+            HandOff::To(_) => Some(false),
+            HandOff::Released { expired, .. } => Some(expired),
+            HandOff::NotOurs => None,
         };
         // A handed-over row notified nobody, and a yielded waiter's Locker must hear its
         // notification: both settled as a kept row is (no own release remembered).
-        self.inner.settle(lease, deleted, handed_over || yielded);
-        if let Some(token) = handed_token {
-            let (key, to) = (&lease.key, &yielded_offer.owner);
-            let from = &lease.owner;
-            (self.inner.history).record_detail(EventKind::HandedOff, key, to, Some(token), from);
-        }
+        self.inner
+            .settle(lease, deleted, handed_over || yielded, answered);
         Ok(deleted)
     }
 
@@ -276,6 +286,7 @@ impl<DB: Backend> EngineState<DB> {
         self.stop_renewing_for_release(lease).await;
         // Sent again while another session is in the way, as long as the lease lasts.
         let outcome = self.release_once(lease).await;
+        let answered = self.history.now();
         let kept = matches!(outcome, Ok(Ended { kept: true, .. }));
         // Held no more by this process: also when the DELETE failed (a background release
         // only repeats it), and when the row is kept for a job's minimum hold (nobody
@@ -301,7 +312,7 @@ impl<DB: Backend> EngineState<DB> {
         } = outcome?;
         // A yielded release is not remembered as this Locker's own: its listener's report
         // of it is what lets this Locker's waiters go.
-        self.settle(lease, deleted, kept || yielded);
+        self.settle(lease, deleted, kept || yielded, answered);
         Ok(deleted)
     }
 
@@ -315,6 +326,7 @@ impl<DB: Backend> EngineState<DB> {
         Counters::bump(&self.counters.releases);
         let until = until.unwrap_or_else(Instant::now);
         let outcome = self.table.release_together(&ids, until).await;
+        let answered = self.history.now();
         // As in `release`: held no more, and local waiters try at once, whatever came of it.
         for lease in leases {
             lease.end_hold();
@@ -331,7 +343,7 @@ impl<DB: Backend> EngineState<DB> {
                 let deleted = released
                     .get(&(lease.key.as_str(), lease.fencing_token))
                     .copied();
-                self.settle(lease, deleted, false);
+                self.settle(lease, deleted, false, answered);
                 deleted
             })
             .collect())
@@ -342,7 +354,10 @@ impl<DB: Backend> EngineState<DB> {
     /// when the row stays for a job's minimum hold, or when the listener's report of the
     /// release must not be taken for this Locker's own (a handoff, a release yielded to
     /// a waiter elsewhere).
-    fn settle(&self, lease: &Lease, deleted: Option<bool>, kept: bool) {
+    /// `answered`: when the statement answered, if the history records (its `Released`
+    /// is dated then); `None` also when the release's events are recorded already (a
+    /// handoff's).
+    fn settle(&self, lease: &Lease, deleted: Option<bool>, kept: bool, answered: Option<Instant>) {
         // The release may be the first to see that the lease is gone (a guard that was not
         // renewed, a row deleted since the last renewal): a loss like any other, counted
         // and reported once.
@@ -355,7 +370,7 @@ impl<DB: Backend> EngineState<DB> {
         if deleted.is_some() {
             Counters::bump(&self.counters.released);
             let (key, owner, token) = (&lease.key, &lease.owner, Some(lease.fencing_token));
-            self.history.record(EventKind::Released, key, owner, token);
+            (self.history).record_at(answered, EventKind::Released, key, owner, token);
         }
         if deleted.is_some() && !kept {
             self.wakeups.released_here(lease.fencing_token);
@@ -403,6 +418,7 @@ impl<DB: Backend> EngineState<DB> {
         Counters::bump(&self.counters.release_batches);
         match by_deadline(bound, self.table.release_batch(&ids)).await {
             Ok(rows) => {
+                let answered = self.history.now();
                 *backoff = Box::new(self.retry.delays());
                 let released: HashMap<(&str, i64), bool> = rows
                     .iter()
@@ -412,7 +428,7 @@ impl<DB: Backend> EngineState<DB> {
                     lease.end_hold();
                     self.wake_local(lease);
                     let deleted = released.get(&(lease.key.as_str(), lease.fencing_token));
-                    self.settle(lease, deleted.copied(), false);
+                    self.settle(lease, deleted.copied(), false, answered);
                 }
                 drop(ids);
                 let mut state = self.state();

@@ -3,17 +3,34 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Checkout, LockTable, prefix_end};
 use crate::config::micros;
 use crate::dialect::{Backend, EventQuery, EventRow, NewEvent};
 use crate::error::Result;
 
 impl<DB: Backend> LockTable<DB> {
-    /// Writes `events` in one statement; how many rows went in.
-    pub(crate) async fn record_events(&self, events: &[NewEvent<'_>]) -> Result<u64> {
+    /// Writes `events` in one statement, each noted at its `Instant`; how many rows went
+    /// in. Each event's age is taken once the connection is in hand, just before the
+    /// statement reads the database clock: a pool checkout (a ping, a wait for a busy
+    /// pool) would otherwise count as age the event did not have, and date it later.
+    pub(crate) async fn record_events(&self, events: &[(NewEvent<'_>, Instant)]) -> Result<u64> {
+        let aged = |now: Instant| -> Vec<NewEvent<'_>> {
+            events
+                .iter()
+                .map(|(event, noted)| NewEvent {
+                    age_micros: micros(now.saturating_duration_since(*noted)),
+                    ..*event
+                })
+                .collect()
+        };
         self.run(
             self.bounded(),
-            pooled!(|conn| DB::record_events(conn, &self.sql, events)),
+            pooled!(|conn| async {
+                let events = aged(Instant::now());
+                DB::record_events(conn, &self.sql, &events).await
+            }),
         )
         .await
     }

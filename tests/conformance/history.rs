@@ -34,8 +34,13 @@ async fn all<DB: TestBackend>(locker: &Locker<DB>) -> Vec<LockEvent> {
     locker.history(&filter).await.unwrap()
 }
 
+/// The events of `key` in the order their Locker noted them (ids: each Locker writes its
+/// events in that order). By time they may swap where two were noted a moment apart and
+/// written in two statements (see `LockEvent::at`).
 fn of_key<'a>(events: &'a [LockEvent], key: &str) -> Vec<&'a LockEvent> {
-    events.iter().filter(|event| event.key == key).collect()
+    let mut of_key: Vec<&LockEvent> = events.iter().filter(|event| event.key == key).collect();
+    of_key.sort_by_key(|event| event.id);
+    of_key
 }
 
 fn kinds(events: &[&LockEvent]) -> Vec<EventKind> {
@@ -52,7 +57,8 @@ async fn count_events<DB: TestBackend>(db: &TestDb<DB>) -> i64 {
 /// operator's force-release with the deleted row's owner and token and the operator's
 /// name; a job's run (its row's acquisition and release, then the run) and a skip; a
 /// leader's term (the `~leader` row's acquisition and release). Every event's time lies
-/// between two readings of the database clock taken before and after.
+/// between two readings of the database clock taken before the events and after their
+/// write.
 pub async fn history_records_what_happened_to_each_lock<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
@@ -102,9 +108,12 @@ pub async fn history_records_what_happened_to_each_lock<DB: TestBackend>() {
         .unwrap();
     let term = leadership.term();
     leadership.resign().await.unwrap();
-    let after = db_now(&db).await;
 
+    // Read after the write: an event's time is the write's database clock less its age,
+    // so it lies between the clock read before the event and the one after the write
+    // (how close to the event is shutdown_writes_the_noted_history's to check).
     locker.shutdown().await;
+    let after = db_now(&db).await;
     let events = all(&db.locker).await;
     for event in &events {
         assert!(
@@ -211,47 +220,53 @@ pub async fn history_filters_select_exactly<DB: TestBackend>() {
         let events = db.locker.history(&filter).await.unwrap();
         events.into_iter().map(|e| (e.key, e.kind)).collect()
     };
-    let pair = |key: &str, kind| (key.to_owned(), kind);
-    use EventKind::{Acquired, Released};
-
-    let newest = read(HistoryFilter::new()).await;
-    assert_eq!(newest.len(), 8);
-    assert_eq!(newest[0], pair("g:a", Released), "newest first by default");
-    assert_eq!(
-        read(HistoryFilter::new().key("f:a").oldest_first()).await,
-        [pair("f:a", Acquired), pair("f:a", Released)]
-    );
-    assert_eq!(
-        read(
-            HistoryFilter::new()
-                .prefix("f:")
-                .kinds([Acquired])
-                .oldest_first()
-        )
-        .await,
-        [pair("f:a", Acquired), pair("f:b", Acquired)],
-        "`f;` is past the prefix"
-    );
-    assert_eq!(
-        read(
-            HistoryFilter::new()
-                .owner("two:2:")
-                .kinds([Released])
-                .oldest_first()
-        )
-        .await,
-        [pair("f:b", Released), pair("g:a", Released)]
-    );
-    assert!(read(HistoryFilter::new().kinds([])).await.is_empty());
-    assert_eq!(read(HistoryFilter::new().limit(3)).await, newest[..3]);
-
-    // A time range by the events' own (database) times: since is inclusive, until not.
+    // Every event, oldest first: the order is (time, id) by the database's own values;
+    // each filter must select exactly these events' matching ones, in this order.
     let events = all(&db.locker).await;
-    let middle = events[4].at;
+    assert_eq!(events.len(), 8);
+    for pair in events.windows(2) {
+        assert!(
+            (pair[0].at, pair[0].id) < (pair[1].at, pair[1].id),
+            "{pair:?}"
+        );
+    }
     let expected = |keep: &dyn Fn(&LockEvent) -> bool| -> Vec<(String, EventKind)> {
         let kept = events.iter().filter(|e| keep(e));
         kept.map(|e| (e.key.clone(), e.kind)).collect()
     };
+    use EventKind::{Acquired, Released};
+
+    let mut newest = read(HistoryFilter::new()).await;
+    assert_eq!(read(HistoryFilter::new().limit(3)).await, newest[..3]);
+    newest.reverse();
+    assert_eq!(newest, expected(&|_| true), "newest first by default");
+    assert_eq!(
+        read(HistoryFilter::new().key("f:a").oldest_first()).await,
+        expected(&|e| e.key == "f:a")
+    );
+    let prefixed = HistoryFilter::new()
+        .prefix("f:")
+        .kinds([Acquired])
+        .oldest_first();
+    assert_eq!(
+        read(prefixed).await,
+        expected(&|e| e.key.starts_with("f:") && e.kind == Acquired),
+        "`f;` is past the prefix"
+    );
+    assert_eq!(read(HistoryFilter::new().prefix("f:")).await.len(), 4);
+    let owned = HistoryFilter::new()
+        .owner("two:2:")
+        .kinds([Released])
+        .oldest_first();
+    assert_eq!(
+        read(owned).await,
+        expected(&|e| e.owner.starts_with("two:2:") && e.kind == Released)
+    );
+    assert_eq!(read(HistoryFilter::new().owner("two:2:")).await.len(), 4);
+    assert!(read(HistoryFilter::new().kinds([])).await.is_empty());
+
+    // A time range by the events' own (database) times: since is inclusive, until not.
+    let middle = events[4].at;
     assert_eq!(
         read(HistoryFilter::new().since(middle).oldest_first()).await,
         expected(&|e| e.at >= middle)
@@ -356,20 +371,97 @@ pub async fn no_history_writes_nothing<DB: TestBackend>() {
     ));
 }
 
-/// `shutdown` writes what is noted and not written yet, before the next tick.
+/// `shutdown` writes what is noted and not written yet, before the next tick, each event
+/// dated when it happened, not when it was written: events noted before a reading of the
+/// database clock, and written after it (a quarter of a tick later), are dated before it.
 pub async fn shutdown_writes_the_noted_history<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
+    let _clock = db
+        .locker
+        .try_acquire("~clock", LONG)
+        .await
+        .unwrap()
+        .unwrap();
     let locker = recording(&db, "stop:1:");
+    let before = db_now(&db).await;
     let guard = locker.try_acquire("stop", LONG).await.unwrap().unwrap();
     guard.release().await.unwrap();
     // A guard dropped without release: the engine releases it as it stops.
     drop(locker.try_acquire("dropped", LONG).await.unwrap().unwrap());
+    // Time passing before the write (not a synchronization: the gap being measured).
+    tokio::time::sleep(dblock::HISTORY_FLUSH_INTERVAL / 4).await;
+    let between = db_now(&db).await;
     locker.shutdown().await;
+    let events = all(&db.locker).await;
+    let stop: Vec<&LockEvent> = of_key(&events, "stop");
+    assert_eq!(stop.len(), 2);
+    for event in stop {
+        assert!(
+            before <= event.at && event.at < between,
+            "{event:?}: [{before}, {between})"
+        );
+    }
     let events = all(&db.locker).await;
     let written: Vec<(&str, EventKind)> = events.iter().map(|e| (e.key.as_str(), e.kind)).collect();
     assert_eq!(written.len(), 4, "{written:?}");
     assert!(written.contains(&("stop", EventKind::Released)));
     assert!(written.contains(&("dropped", EventKind::Released)));
+}
+
+/// A release that hands the row to the next local waiter in its own statement
+/// (PostgreSQL) writes the holder's `Released`, then `HandedOff` with the waiter's owner
+/// and new token and the previous owner as detail; elsewhere the waiter's own
+/// acquisition follows the release. (On PostgreSQL the first waiter's turn comes from a
+/// delete, its lost attempt having marked the row; the second's is handed off.)
+pub async fn history_records_a_handoff<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let locker = recording(&db, "hand:1:");
+    let first = locker.try_acquire("h:hand", LONG).await.unwrap().unwrap();
+    let mut waiters = Vec::new();
+    for n in 1..=2 {
+        let waiter = locker.clone();
+        waiters.push(tokio::spawn(async move {
+            let guard = waiter.acquire("h:hand", LONG, PATIENCE).await.unwrap();
+            let held = (guard.owner().to_owned(), guard.fencing_token());
+            // The work under the lock (no signal to wait for: holding is the point),
+            // long enough for the next waiter to stand its offer of a handoff.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+            held
+        }));
+        let queued = async || locker.waiting("h:hand") == n;
+        wait_until("the waiter queues", PATIENCE, queued).await;
+    }
+    first.release().await.unwrap();
+    let mut held = Vec::new();
+    for waiter in waiters {
+        held.push(waiter.await.unwrap());
+    }
+    locker.shutdown().await;
+    let events = all(&db.locker).await;
+    let on_key = of_key(&events, "h:hand");
+    let handed = if DB::HANDOFF_IN_RELEASE {
+        EventKind::HandedOff
+    } else {
+        EventKind::Acquired
+    };
+    use EventKind::{Acquired, Released};
+    let expected = [Acquired, Released, Acquired, Released, handed, Released];
+    assert_eq!(kinds(&on_key), expected, "{on_key:#?}");
+    let (a, b) = (&held[0], &held[1]);
+    assert_eq!(
+        (on_key[2].owner.as_str(), on_key[2].fencing_token),
+        (a.0.as_str(), Some(a.1))
+    );
+    assert_eq!(
+        (on_key[4].owner.as_str(), on_key[4].fencing_token),
+        (b.0.as_str(), Some(b.1))
+    );
+    if DB::HANDOFF_IN_RELEASE {
+        assert_eq!(on_key[4].detail.as_deref(), Some(a.0.as_str()));
+    }
 }

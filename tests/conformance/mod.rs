@@ -192,6 +192,7 @@ macro_rules! conformance_suite {
             history_is_trimmed_to_its_retention,
             no_history_writes_nothing,
             shutdown_writes_the_noted_history,
+            history_records_a_handoff,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {
