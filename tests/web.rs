@@ -639,6 +639,9 @@ where
     let (status, page) = get(&router, "/").await;
     assert_eq!(status, StatusCode::OK);
     assert!(page.contains("Waiting (other processes)"), "{page}");
+    // The note says what this backend counts.
+    let backend = dblock::AnyLocker::from(db.locker.clone()).backend();
+    assert!(page.contains(&format!("on {backend}")), "{page}");
     // One Locker waits: PostgreSQL's flag, or a count of exactly one.
     let waited = waiting_elsewhere(&page, "waited");
     assert!(matches!(waited.as_str(), "yes" | "1"), "{waited}: {page}");
