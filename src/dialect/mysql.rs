@@ -57,6 +57,7 @@ statements! { batch_sql;
     live_tickets: LIVE_TICKETS,
     live_member: LIVE_MEMBER,
     release_pair: RELEASE_PAIR,
+    waiters: &waiters(),
 }
 
 /// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
@@ -165,6 +166,22 @@ fn read_owner_watching() -> String {
 /// (an election's leader, a read-write lock's writer and readers) share one registration.
 pub(super) fn registered_key(key: &str) -> &str {
     crate::config::group_of(key).unwrap_or(key)
+}
+
+/// For each key of a console page (`NotifySql::waiters`), the sessions other than the
+/// asking Locker's listener (bound twice first; 0 for none) holding its queue's two wait
+/// names: each one Locker's listener, registered while its waiters wait, so at most two.
+/// The keys arrive as one JSON array of `{"k": key, "q": its queue}` (`registered_key`);
+/// `q` is read as bytes, as the names of `lock_key` are hashed, `k` as text to hand back.
+fn waiters() -> String {
+    let [w0, w1] = WAIT.map(|kind| format!("IS_USED_LOCK({})", named(kind, "w.q")));
+    format!(
+        "SELECT k, CAST(IFNULL(s0 <> ?, 0) + IFNULL(s1 <> ?, 0) AS SIGNED)
+  FROM (SELECT w.k, {w0} AS s0, {w1} AS s1
+          FROM JSON_TABLE(?, '$[*]' COLUMNS (
+                 k VARCHAR(128) PATH '$.k', q VARBINARY(128) PATH '$.q')) AS w) AS u
+ WHERE s0 IS NOT NULL OR s1 IS NOT NULL"
+    )
 }
 
 /// The listener's statements (`bells.rs`), for one table.
@@ -1068,6 +1085,26 @@ impl TicketSql for MySql {
 
 impl NotifySql for MySql {
     note_waiter!();
+
+    async fn waiters(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        keys: &[&str],
+        _waiter: i64,
+        registration: Option<u64>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        let queues: Vec<serde_json::Value> = keys
+            .iter()
+            .map(|key| serde_json::json!({ "k": key, "q": registered_key(key) }))
+            .collect();
+        let own = registration.unwrap_or(0);
+        sqlx::query_as(audited(&sql.waiters))
+            .bind(own)
+            .bind(own)
+            .bind(serde_json::Value::Array(queues).to_string())
+            .fetch_all(conn)
+            .await
+    }
 
     const RINGS_BELLS: bool = true;
 

@@ -35,6 +35,7 @@ statements! { sql;
     acquire_read: &read_acquire(ACQUIRE),
     live_member: LIVE_MEMBER,
     take_write: &take_write(false),
+    waiters: WAITERS,
 }
 
 /// A lease (or a minimum hold) as PostgreSQL takes it: microseconds.
@@ -379,6 +380,13 @@ const NOTE_WAITER: &str = "\
 UPDATE {table} SET waiters = true WHERE lock_key = $1
 RETURNING GREATEST(0, (EXTRACT(EPOCH FROM expire_time - clock_timestamp()) * 1000000)::bigint)";
 
+// The keys of a console page (`NotifySql::waiters`) whose rows a waiter marked
+// (NOTE_WAITER). The flag says only that a waiter of some Locker (the asking one's too)
+// marked the row since it was written: it stays when that waiter gives up, and goes only
+// with the row (a takeover of an expired row keeps it). One primary-key probe a key.
+const WAITERS: &str = "\
+SELECT lock_key::text, 1::bigint FROM {table} WHERE lock_key = ANY($1::text[]) AND waiters";
+
 // The whole run is one transaction holding a transaction-scoped advisory lock: it cannot
 // outlive its statements or split from them, so it works through a transaction pooler
 // (PgBouncer's transaction mode pins a transaction to one server connection), and a run
@@ -654,6 +662,22 @@ impl NotifySql for Postgres {
     const NOTIFIES: bool = true;
 
     note_waiter!();
+
+    const COUNTS_WAITERS: bool = false;
+
+    /// A flag per row: who marked it is not kept, so nothing is left out.
+    async fn waiters(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        keys: &[&str],
+        _waiter: i64,
+        _registration: Option<u64>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.waiters))
+            .bind(keys)
+            .fetch_all(conn)
+            .await
+    }
 
     async fn listen(
         listener: ListenerOptions<Postgres>,

@@ -42,6 +42,7 @@ statements! { sqlite_sql;
     live_member: LIVE_MEMBER,
     mark: MARK,
     release_marked: RELEASE_MARKED,
+    waiters: WAITERS,
 }
 
 /// A lease (or a minimum hold) as SQLite takes it: a date modifier.
@@ -233,6 +234,18 @@ UPDATE {table}_waiter SET expire_time = {mark_until}
  WHERE waiter = ?1 AND lock_key IN (SELECT value FROM json_each(?2))";
 
 const PURGE_MARKS: &str = "DELETE FROM {table}_waiter WHERE expire_time <= {now}";
+
+// For each key of a console page (`NotifySql::waiters`), the Lockers other than the asking
+// one (?2) with a live mark on the key or on its group (`<name>~`, the queue a primitive's
+// waiters mark; the group as the poke trigger computes it): a mark is one Locker whose
+// waiters wait, kept alive by its listener while they do. Two primary-key probes a key.
+const WAITERS: &str = "\
+SELECT k.value, COUNT(DISTINCT w.waiter)
+  FROM json_each(?1) AS k
+  JOIN {table}_waiter AS w
+    ON w.lock_key IN (k.value, rtrim(k.value, replace(k.value, '~', '')))
+ WHERE w.waiter <> ?2 AND w.expire_time > {now}
+ GROUP BY k.value";
 
 // A mark lasts a second unless its Locker's listener refreshes it (at half that, while its
 // waiters wait): a Locker that died is waited for by nobody after a second at most.
@@ -456,6 +469,20 @@ impl NotifySql for Sqlite {
             .await?;
         // Taken meanwhile, for a lease not read: the waiter looks again soon (`left` 0).
         Ok(live.then(|| left.unwrap_or(0)))
+    }
+
+    async fn waiters(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        keys: &[&str],
+        waiter: i64,
+        _registration: Option<u64>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.waiters))
+            .bind(key_list(keys.to_vec()))
+            .bind(waiter)
+            .fetch_all(conn)
+            .await
     }
 
     async fn listen(
