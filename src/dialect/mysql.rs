@@ -603,6 +603,9 @@ type OwnerRow = (
     Option<i64>,
 );
 
+/// The row as MySQL 8's read after the upsert has it: [`OwnerRow`] without the takeover.
+type ReadRow = (String, i64, DateTime<Utc>, Option<i64>, Option<i64>);
+
 /// The acquisition ([`LockSql::acquire`]), and who waits for the row's queue when
 /// `watch` (off on Galera) or when the statement reads it anyway (`RETURNING`).
 async fn acquire_row(
@@ -656,7 +659,7 @@ async fn acquire_row(
             .execute(&mut *conn)
             .await?;
         let taken_over = Some(i64::from(done.rows_affected() == 2));
-        let row: Option<(String, i64, DateTime<Utc>, Option<i64>, Option<i64>)> = if watch {
+        let row: Option<ReadRow> = if watch {
             sqlx::query_as(audited(&sql.read_owner_watching))
                 .bind(queue)
                 .bind(queue)
