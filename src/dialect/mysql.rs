@@ -44,7 +44,7 @@ statements! { batch_sql;
     read_for_force: READ_FOR_FORCE,
     check_fence_write: CHECK_FENCE_WRITE,
     check_fences_write: CHECK_FENCES_WRITE,
-    acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER},\n{}", watchers()),
+    acquire_returning: &format!("{}{RETURNING_OWNER},\n{}", noting_takeover(), watchers()),
     read_owner: READ_OWNER,
     read_owner_watching: &read_owner_watching(),
     take_bell: &format!("SELECT GET_LOCK({}, 0)", named(BELL, "?")),
@@ -80,7 +80,32 @@ ON DUPLICATE KEY UPDATE
 // MariaDB 10.5+ hands back the row as it stands after the upsert: the new holder's values
 // when it inserted or took over, the current holder's when the key was held (checked on
 // 10.11 and 11.8). So ACQUIRE with this tail is the whole attempt, in one round trip.
-const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
+const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time,
+          CAST(@dblock_taken_from IS NOT NULL AS SIGNED)";
+
+// On the RETURNING path the row count is not read (the statement ends with a result
+// set), so the upsert notes a takeover itself: its VALUES (evaluated for every attempt,
+// before the key is looked up) clear a session variable, and the first assignment of the
+// duplicate-key path, only when the old lease expired, keeps the old owner in it. The
+// RETURNING row (evaluated after the write) reads it: not NULL means taken over.
+const TAKEN_FROM: &str = "@dblock_taken_from";
+
+/// ACQUIRE noting a takeover in [`TAKEN_FROM`] (MariaDB's RETURNING path).
+fn noting_takeover() -> String {
+    let noted = ACQUIRE
+        .replacen(
+            "NOW(6))\nON DUPLICATE",
+            &format!("IF(({TAKEN_FROM} := NULL) IS NULL, NOW(6), NOW(6)))\nON DUPLICATE"),
+            1,
+        )
+        .replacen(
+            "IF(expire_time <= NOW(6),",
+            &format!("IF(expire_time <= NOW(6) AND ({TAKEN_FROM} := lock_value) IS NOT NULL,"),
+            1,
+        );
+    debug_assert_eq!(noted.matches(TAKEN_FROM).count(), 2);
+    noted
+}
 
 /// The server-side bounds (`max_statement_time`, seconds as MariaDB writes them) an
 /// acquisition may carry, with their milliseconds. The bound is part of the statement's
@@ -584,9 +609,20 @@ struct Attempt<'a> {
     wait: std::time::Duration,
 }
 
-/// The row after an acquisition: owner, token, expiry, and the sessions holding the
-/// key's wait names (`NULL` where not read).
-type OwnerRow = (String, i64, DateTime<Utc>, Option<i64>, Option<i64>);
+/// The row after an acquisition: owner, token, expiry, whether it was taken over
+/// (`NULL` where not read), and the sessions holding the key's wait names (`NULL` where
+/// not read).
+type OwnerRow = (
+    String,
+    i64,
+    DateTime<Utc>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// The row as MySQL 8's read after the upsert has it: [`OwnerRow`] without the takeover.
+type ReadRow = (String, i64, DateTime<Utc>, Option<i64>, Option<i64>);
 
 /// The acquisition ([`LockSql::acquire`]), and who waits for the row's queue when
 /// `watch` (off on Galera) or when the statement reads it anyway (`RETURNING`).
@@ -632,13 +668,16 @@ async fn acquire_row(
             .await?;
         rows.into_iter().next()
     } else {
-        sqlx::query(audited(&sql.acquire))
+        // With CLIENT_FOUND_ROWS: 1 for an insert (or a row left as it was: lost, as the
+        // read below says), 2 for a row the duplicate-key path changed: taken over.
+        let done = sqlx::query(audited(&sql.acquire))
             .bind(key)
             .bind(owner)
             .bind(lease_micros)
             .execute(&mut *conn)
             .await?;
-        if watch {
+        let taken_over = Some(i64::from(done.rows_affected() == 2));
+        let row: Option<ReadRow> = if watch {
             sqlx::query_as(audited(&sql.read_owner_watching))
                 .bind(queue)
                 .bind(queue)
@@ -652,14 +691,18 @@ async fn acquire_row(
                     .fetch_optional(conn)
                     .await?;
             row.map(|(holder, token, expires_at)| (holder, token, expires_at, None, None))
-        }
+        };
+        row.map(|(holder, token, expires_at, w0, w1)| {
+            (holder, token, expires_at, taken_over, w0, w1)
+        })
     };
     Ok(match row {
-        Some((holder, fencing_token, expires_at, w0, w1)) if holder == owner => {
+        Some((holder, fencing_token, expires_at, taken_over, w0, w1)) if holder == owner => {
             let session = |id: Option<i64>| id.and_then(|id| u64::try_from(id).ok());
             let acquired = Acquired {
                 fencing_token,
                 expires_at,
+                taken_over: taken_over.is_some_and(|taken| taken != 0),
             };
             Some((acquired, Watchers([session(w0), session(w1)])))
         }
