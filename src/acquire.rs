@@ -207,6 +207,7 @@ pub(crate) async fn attempt<DB: Backend>(
     } = answer(&mut in_flight.statement).await;
     match outcome {
         Ok(Some((won, watchers))) => {
+            let taken_over = won.taken_over;
             let won = Won {
                 key,
                 owner,
@@ -222,7 +223,7 @@ pub(crate) async fn attempt<DB: Backend>(
             }
             Counters::bump(&core.counters.acquired);
             (core.history).record(
-                EventKind::Acquired,
+                EventKind::acquisition(taken_over),
                 &won.key,
                 &won.owner,
                 Some(won.fencing_token),

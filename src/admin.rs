@@ -89,6 +89,27 @@ impl LockInfo {
     }
 }
 
+/// What the lock table knows of other Lockers' waiters for a page of keys
+/// ([`Locker::waiters_elsewhere`]): the console's locks page shows it.
+#[cfg(feature = "web")]
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Waiters {
+    /// Whether [`of`](Self::of) counts Lockers (SQLite, MySQL/MariaDB); `false`: it only
+    /// says whether a waiter marked the row (PostgreSQL: 1 or 0).
+    pub(crate) counted: bool,
+    /// The keys with any, and how many.
+    keys: std::collections::HashMap<String, u32>,
+}
+
+#[cfg(feature = "web")]
+impl Waiters {
+    /// How many other Lockers wait for `key` (where not [`counted`](Self::counted): 1 if
+    /// a waiter marked its row, else 0).
+    pub(crate) fn of(&self, key: &str) -> u32 {
+        self.keys.get(key).copied().unwrap_or(0)
+    }
+}
+
 impl From<Listed> for LockInfo {
     fn from(listed: Listed) -> Self {
         LockInfo {
@@ -288,6 +309,24 @@ impl<DB: Backend> Locker<DB> {
             )
             .await?;
         Ok(rows.into_iter().map(LockInfo::from).collect())
+    }
+
+    /// For each of `keys`, the Lockers other than this one (of other processes, mostly)
+    /// waiting for it, as the database knows them, in one statement: on SQLite the
+    /// Lockers with a live mark on the key or its group, on MySQL/MariaDB the Lockers
+    /// registered for its queue (at most two), on PostgreSQL only whether a waiter marked
+    /// the row (see [`Waiters`]). Lockers, not callers; plain-SQL waiters leave no trace.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    #[cfg(feature = "web")]
+    pub(crate) async fn waiters_elsewhere(&self, keys: &[&str]) -> Result<Waiters> {
+        let registration = self.core.queues.own_registration();
+        let keys = self.core.table.waiters(keys, registration).await?;
+        Ok(Waiters {
+            counted: DB::COUNTS_WAITERS,
+            keys: keys.into_iter().collect(),
+        })
     }
 
     /// An operator's tool: deletes the row of `key` whoever holds it; `true` if there was

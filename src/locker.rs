@@ -427,8 +427,9 @@ impl<DB: Backend> LockerBuilder<DB> {
     /// Default: off.
     ///
     /// What is recorded, with the key, the owner value, the fencing token and the
-    /// database clock's time: acquisitions ([`EventKind::Acquired`](crate::EventKind::Acquired):
-    /// of a free key or of an expired row taken over, which dblock does not tell apart),
+    /// database clock's time: acquisitions ([`EventKind::Acquired`](crate::EventKind::Acquired)
+    /// of a free key, [`EventKind::TakenOver`](crate::EventKind::TakenOver) of an expired
+    /// row),
     /// releases (explicit, on drop, at the end of `with_lock`), handoffs to the next
     /// waiter, losses with their [`LostReason`](crate::LostReason), force-releases with
     /// the operator's name, a [`Job`](crate::Job)'s runs and skips, a schedule's periods,

@@ -40,7 +40,7 @@ pub const MAX_HISTORY_WITHIN: Duration = Duration::from_secs(1000 * 366 * 24 * 3
 /// What happened to a lock, as the history records it ([`LockEvent::kind`](crate::LockEvent::kind)).
 ///
 /// A leader's term and a semaphore's permit are not kinds of their own: an `Acquired`,
-/// `Released` or `Lost` of a `<name>~leader` key is a term, of a `<name>~permit-<i>-of-<n>`
+/// `TakenOver`, `Released` or `Lost` of a `<name>~leader` key is a term, of a `<name>~permit-<i>-of-<n>`
 /// key a permit ([`LockEvent::row_kind`](crate::LockEvent::row_kind) tells them apart).
 ///
 /// # Examples
@@ -55,12 +55,15 @@ pub const MAX_HISTORY_WITHIN: Duration = Duration::from_secs(1000 * 366 * 24 * 3
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
-    /// A row taken: a free key, or an expired row taken over (dblock's acquisition
-    /// cannot tell the two apart without a second read, so both are `Acquired`). A mutex
-    /// key, a semaphore permit, a read or write of a read-write lock, a leader's term.
+    /// A row written for a free key: a mutex key, a semaphore permit, a read or write of
+    /// a read-write lock, a leader's term. A row handed over by its holder is a
+    /// [`HandedOff`](Self::HandedOff); an expired row taken over, a
+    /// [`TakenOver`](Self::TakenOver).
     Acquired,
-    /// A row taken over from an expired holder, with the previous owner as its detail.
-    /// Reserved: dblock records takeovers as [`Acquired`](Self::Acquired) today.
+    /// An acquisition (as [`Acquired`](Self::Acquired)) that took over another
+    /// acquisition's expired row, as the acquiring statement itself said (no read more).
+    /// No detail: the previous owner is not read. A read-write lock's write taken in one
+    /// statement (PostgreSQL) records `Acquired` for its rows either way.
     TakenOver,
     /// Released by its holder (a guard's release or drop, the end of `with_lock`). When
     /// the release handed the row to the next waiter, a [`HandedOff`](Self::HandedOff)
@@ -99,6 +102,16 @@ impl EventKind {
         EventKind::JobOverran,
         EventKind::Period,
     ];
+
+    /// An acquisition's kind: [`TakenOver`](Self::TakenOver) when it took over an
+    /// expired row, else [`Acquired`](Self::Acquired).
+    pub(crate) fn acquisition(taken_over: bool) -> EventKind {
+        if taken_over {
+            EventKind::TakenOver
+        } else {
+            EventKind::Acquired
+        }
+    }
 
     /// The kind as stored in the `kind` column: `"acquired"`, `"taken_over"`,
     /// `"released"`, `"handed_off"`, `"lost"`, `"force_released"`, `"job_ran"`,

@@ -157,7 +157,11 @@ async fn attempt_keys<DB: Backend>(
     let outcome = answer(&mut in_flight.statement).await;
     match outcome {
         Ok(Some(won)) => {
-            let watchers: Vec<_> = won.iter().map(|(_, watchers)| *watchers).collect();
+            // Each row's watchers, and whether it was taken over (for its history event).
+            let watchers: Vec<_> = won
+                .iter()
+                .map(|(won, watchers)| (*watchers, won.taken_over))
+                .collect();
             let won: Vec<Won> = keys
                 .iter()
                 .zip(won)
@@ -179,9 +183,9 @@ async fn attempt_keys<DB: Backend>(
                 return Err(late(core, won, until));
             }
             Counters::bump(&core.counters.acquired);
-            for won in &won {
+            for (won, (_, taken_over)) in won.iter().zip(&watchers) {
                 (core.history).record(
-                    EventKind::Acquired,
+                    EventKind::acquisition(*taken_over),
                     &won.key,
                     &won.owner,
                     Some(won.fencing_token),
@@ -191,7 +195,7 @@ async fn attempt_keys<DB: Backend>(
             let leases = won
                 .into_iter()
                 .zip(watchers)
-                .map(|(won, watchers)| {
+                .map(|(won, (watchers, _))| {
                     let lease = core.engine.start_lease(won);
                     ring_for_others(core, &lease, watchers);
                     lease

@@ -1471,6 +1471,8 @@ impl<DB: Backend> LockTable<DB> {
 }
 
 mod history;
+#[cfg(feature = "web")]
+mod waiters;
 
 /// The first string past every string that starts with `prefix`, in byte order (which for
 /// UTF-8 is code point order): the prefix with its last character moved one code point on,

@@ -573,6 +573,92 @@ where
     recording.shutdown().await;
 }
 
+/// The "Waiting (other processes)" cell of `key`'s row on a locks page.
+fn waiting_elsewhere(page: &str, key: &str) -> String {
+    let row = page
+        .split("<tr")
+        .find(|row| row.contains(&format!(">{key}</a>")))
+        .unwrap_or_else(|| panic!("no row of {key}: {page}"));
+    let at = row.find(r#"class="num elsewhere">"#).expect("the cell") + 22;
+    row[at..].split("</td>").next().unwrap().to_owned()
+}
+
+/// Waiters of other processes show: a second Locker on a pool of its own (as another
+/// process's would be) waits in `acquire` for a key the first holds, and the locks page
+/// says that key is waited for (a count of 1, or "yes" on PostgreSQL) and another held
+/// key not.
+async fn waiters_of_other_processes_show<DB: TestBackend>()
+where
+    dblock::AnyLocker: From<dblock::Locker<DB>>,
+{
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let held = db
+        .locker
+        .try_acquire("waited", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let quiet = db
+        .locker
+        .try_acquire("quiet", LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    let other = dblock::Locker::builder(db.another_pool().await)
+        .table(&db.table)
+        .build()
+        .unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other
+                .acquire("waited", LEASE, Duration::from_secs(60))
+                .await
+        }
+    });
+    common::wait_until(
+        "the other Locker waits",
+        Duration::from_secs(10),
+        async || other.waiting("waited") == 1,
+    )
+    .await;
+    let router = web::router(db.locker.clone());
+    // The other Locker marks the row (or registers its queue) once its first attempt
+    // lost: a statement of its own after the attempt, which nothing here can await.
+    common::wait_until(
+        "the page shows the waiter",
+        Duration::from_secs(20),
+        async || {
+            let (_, page) = get(&router, "/").await;
+            !matches!(waiting_elsewhere(&page, "waited").as_str(), "0" | "no")
+        },
+    )
+    .await;
+    let (status, page) = get(&router, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("Waiting (other processes)"), "{page}");
+    // The note says what this backend counts.
+    let backend = dblock::AnyLocker::from(db.locker.clone()).backend();
+    assert!(page.contains(&format!("on {backend}")), "{page}");
+    // One Locker waits: PostgreSQL's flag, or a count of exactly one.
+    let waited = waiting_elsewhere(&page, "waited");
+    assert!(matches!(waited.as_str(), "yes" | "1"), "{waited}: {page}");
+    let quiet_cell = waiting_elsewhere(&page, "quiet");
+    assert!(
+        matches!(quiet_cell.as_str(), "0" | "no"),
+        "{quiet_cell}: {page}"
+    );
+    // This console's own Locker waits for neither.
+    assert_eq!(db.locker.waiting("waited"), 0);
+    held.release().await.unwrap();
+    let won = waiter.await.unwrap().unwrap();
+    won.release().await.unwrap();
+    quiet.release().await.unwrap();
+    other.shutdown().await;
+}
+
 /// Every page, a timeline, the confirmation page and the refused releases write nothing:
 /// triggers count each insert, update and delete on the lock table, its marks and its
 /// history (SQLite, whose triggers see every write of every connection).
@@ -654,4 +740,5 @@ per_backend!(
     a_keys_timeline_shows_holds_and_force_releases,
     jobs_show_their_runs_and_skips,
     primitives_show_permits_readers_and_terms,
+    waiters_of_other_processes_show,
 );

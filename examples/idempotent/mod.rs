@@ -90,13 +90,14 @@ macro_rules! payment_db {
 }
 payment_db!(sqlx::Postgres, true, |t, l| vec![
     format!(
-        "DROP TABLE IF EXISTS {}, {l}, {l}_history, {l}_ticket",
+        "DROP TABLE IF EXISTS {}, {l}, {l}_history, {l}_ticket, {l}_events",
         t.join(", ")
     ),
     format!("DROP SEQUENCE IF EXISTS {l}_fencing_seq, {l}_ticket_seq"),
+    format!("DROP FUNCTION IF EXISTS {l}_take_write"),
 ]);
 payment_db!(sqlx::MySql, false, |t, l| vec![format!(
-    "DROP TABLE IF EXISTS {}, {l}, {l}_history, {l}_fencing, {l}_ticket, {l}_migrating",
+    "DROP TABLE IF EXISTS {}, {l}, {l}_history, {l}_fencing, {l}_ticket, {l}_migrating, {l}_events",
     t.join(", ")
 )]);
 payment_db!(sqlx::Sqlite, false, |t, l| {
@@ -107,6 +108,7 @@ payment_db!(sqlx::Sqlite, false, |t, l| {
         format!("{l}_fencing"),
         format!("{l}_ticket"),
         format!("{l}_waiter"),
+        format!("{l}_events"),
     ];
     t.iter()
         .map(|table| table.to_string())

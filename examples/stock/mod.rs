@@ -262,11 +262,12 @@ macro_rules! stock_db {
     };
 }
 stock_db!(sqlx::Postgres, true, |t, l| vec![
-    format!("DROP TABLE IF EXISTS {t}, {t}_segment, {l}, {l}_history, {l}_ticket"),
+    format!("DROP TABLE IF EXISTS {t}, {t}_segment, {l}, {l}_history, {l}_ticket, {l}_events"),
     format!("DROP SEQUENCE IF EXISTS {l}_fencing_seq, {l}_ticket_seq"),
+    format!("DROP FUNCTION IF EXISTS {l}_take_write"),
 ]);
 stock_db!(sqlx::MySql, false, |t, l| vec![format!(
-    "DROP TABLE IF EXISTS {t}, {t}_segment, {l}, {l}_history, {l}_fencing, {l}_ticket, {l}_migrating"
+    "DROP TABLE IF EXISTS {t}, {t}_segment, {l}, {l}_history, {l}_fencing, {l}_ticket, {l}_migrating, {l}_events"
 )]);
 stock_db!(sqlx::Sqlite, false, |t, l| vec![
     format!("DROP TABLE IF EXISTS {t}"),
@@ -276,6 +277,7 @@ stock_db!(sqlx::Sqlite, false, |t, l| vec![
     format!("DROP TABLE IF EXISTS {l}_fencing"),
     format!("DROP TABLE IF EXISTS {l}_ticket"),
     format!("DROP TABLE IF EXISTS {l}_waiter"),
+    format!("DROP TABLE IF EXISTS {l}_events"),
 ]);
 
 /// Everything the workers share: the pool, the helpers and the statements.

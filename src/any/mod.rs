@@ -16,6 +16,8 @@ mod tx;
 
 use std::time::Duration;
 
+#[cfg(feature = "web")]
+use crate::admin::Waiters;
 use crate::admin::{LockFilter, LockInfo};
 use crate::error::{Error, Result};
 use crate::history::{HistoryFilter, LockEvent};
@@ -339,6 +341,15 @@ impl AnyLocker {
     /// Cancel safe: it only reads.
     pub async fn list_matching(&self, filter: &LockFilter) -> Result<Vec<LockInfo>> {
         dispatch!(self, AnyLocker, locker => locker.list_matching(filter).await)
+    }
+
+    /// [`Locker::waiters_elsewhere`]: the console's locks page.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    #[cfg(feature = "web")]
+    pub(crate) async fn waiters_elsewhere(&self, keys: &[&str]) -> Result<Waiters> {
+        dispatch!(self, AnyLocker, locker => locker.waiters_elsewhere(keys).await)
     }
 
     /// [`Locker::force_release`].

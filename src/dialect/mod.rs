@@ -572,6 +572,24 @@ pub trait NotifySql: Dialect {
         Self::note_waiter(conn, sql, key)
     }
 
+    /// Whether [`waiters`](Self::waiters) counts the Lockers that wait (SQLite's marks,
+    /// MySQL/MariaDB's wait names); `false`: it can only say that some waiter marked a row
+    /// (PostgreSQL's `waiters` column), and says 1 for it.
+    const COUNTS_WAITERS: bool = true;
+
+    /// For each of `keys`, the Lockers other than the asking one waiting for it as the
+    /// database knows them, in one statement: the keys with any, each with how many (see
+    /// [`COUNTS_WAITERS`](Self::COUNTS_WAITERS)). The asking Locker's own are left out
+    /// where the database can tell them: its marks' number `waiter` (SQLite), its
+    /// listener's session `registration` (MySQL/MariaDB).
+    fn waiters(
+        conn: &mut Self::Connection,
+        sql: &Self::Statements,
+        keys: &[&str],
+        waiter: i64,
+        registration: Option<u64>,
+    ) -> impl Future<Output = Result<Vec<(String, i64)>, sqlx::Error>> + Send;
+
     /// Opens a connection of its own that hears the releases of `table` (PostgreSQL
     /// `LISTEN`; SQLite: a connection to the same file that notices other connections'
     /// commits and reads the Locker's marks; MySQL/MariaDB's bells, see

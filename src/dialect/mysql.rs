@@ -44,7 +44,7 @@ statements! { batch_sql;
     read_for_force: READ_FOR_FORCE,
     check_fence_write: CHECK_FENCE_WRITE,
     check_fences_write: CHECK_FENCES_WRITE,
-    acquire_returning: &format!("{ACQUIRE}{RETURNING_OWNER},\n{}", watchers()),
+    acquire_returning: &format!("{}{RETURNING_OWNER},\n{}", noting_takeover(), watchers()),
     read_owner: READ_OWNER,
     read_owner_watching: &read_owner_watching(),
     take_bell: &format!("SELECT GET_LOCK({}, 0)", named(BELL, "?")),
@@ -57,6 +57,7 @@ statements! { batch_sql;
     live_tickets: LIVE_TICKETS,
     live_member: LIVE_MEMBER,
     release_pair: RELEASE_PAIR,
+    waiters: &waiters(),
 }
 
 /// A list of tickets as MySQL takes it: one JSON array (read with `JSON_TABLE`).
@@ -79,7 +80,32 @@ ON DUPLICATE KEY UPDATE
 // MariaDB 10.5+ hands back the row as it stands after the upsert: the new holder's values
 // when it inserted or took over, the current holder's when the key was held (checked on
 // 10.11 and 11.8). So ACQUIRE with this tail is the whole attempt, in one round trip.
-const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
+const RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time,
+          CAST(@dblock_taken_from IS NOT NULL AS SIGNED)";
+
+// On the RETURNING path the row count is not read (the statement ends with a result
+// set), so the upsert notes a takeover itself: its VALUES (evaluated for every attempt,
+// before the key is looked up) clear a session variable, and the first assignment of the
+// duplicate-key path, only when the old lease expired, keeps the old owner in it. The
+// RETURNING row (evaluated after the write) reads it: not NULL means taken over.
+const TAKEN_FROM: &str = "@dblock_taken_from";
+
+/// ACQUIRE noting a takeover in [`TAKEN_FROM`] (MariaDB's RETURNING path).
+fn noting_takeover() -> String {
+    let noted = ACQUIRE
+        .replacen(
+            "NOW(6))\nON DUPLICATE",
+            &format!("IF(({TAKEN_FROM} := NULL) IS NULL, NOW(6), NOW(6)))\nON DUPLICATE"),
+            1,
+        )
+        .replacen(
+            "IF(expire_time <= NOW(6),",
+            &format!("IF(expire_time <= NOW(6) AND ({TAKEN_FROM} := lock_value) IS NOT NULL,"),
+            1,
+        );
+    debug_assert_eq!(noted.matches(TAKEN_FROM).count(), 2);
+    noted
+}
 
 /// The server-side bounds (`max_statement_time`, seconds as MariaDB writes them) an
 /// acquisition may carry, with their milliseconds. The bound is part of the statement's
@@ -165,6 +191,22 @@ fn read_owner_watching() -> String {
 /// (an election's leader, a read-write lock's writer and readers) share one registration.
 pub(super) fn registered_key(key: &str) -> &str {
     crate::config::group_of(key).unwrap_or(key)
+}
+
+/// For each key of a console page (`NotifySql::waiters`), the sessions other than the
+/// asking Locker's listener (bound twice first; 0 for none) holding its queue's two wait
+/// names: each one Locker's listener, registered while its waiters wait, so at most two.
+/// The keys arrive as one JSON array of `{"k": key, "q": its queue}` (`registered_key`);
+/// `q` is read as bytes, as the names of `lock_key` are hashed, `k` as text to hand back.
+fn waiters() -> String {
+    let [w0, w1] = WAIT.map(|kind| format!("IS_USED_LOCK({})", named(kind, "w.q")));
+    format!(
+        "SELECT k, CAST(IFNULL(s0 <> ?, 0) + IFNULL(s1 <> ?, 0) AS SIGNED)
+  FROM (SELECT w.k, {w0} AS s0, {w1} AS s1
+          FROM JSON_TABLE(?, '$[*]' COLUMNS (
+                 k VARCHAR(128) PATH '$.k', q VARBINARY(128) PATH '$.q')) AS w) AS u
+ WHERE s0 IS NOT NULL OR s1 IS NOT NULL"
+    )
 }
 
 /// The listener's statements (`bells.rs`), for one table.
@@ -567,9 +609,20 @@ struct Attempt<'a> {
     wait: std::time::Duration,
 }
 
-/// The row after an acquisition: owner, token, expiry, and the sessions holding the
-/// key's wait names (`NULL` where not read).
-type OwnerRow = (String, i64, DateTime<Utc>, Option<i64>, Option<i64>);
+/// The row after an acquisition: owner, token, expiry, whether it was taken over
+/// (`NULL` where not read), and the sessions holding the key's wait names (`NULL` where
+/// not read).
+type OwnerRow = (
+    String,
+    i64,
+    DateTime<Utc>,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// The row as MySQL 8's read after the upsert has it: [`OwnerRow`] without the takeover.
+type ReadRow = (String, i64, DateTime<Utc>, Option<i64>, Option<i64>);
 
 /// The acquisition ([`LockSql::acquire`]), and who waits for the row's queue when
 /// `watch` (off on Galera) or when the statement reads it anyway (`RETURNING`).
@@ -615,13 +668,16 @@ async fn acquire_row(
             .await?;
         rows.into_iter().next()
     } else {
-        sqlx::query(audited(&sql.acquire))
+        // With CLIENT_FOUND_ROWS: 1 for an insert (or a row left as it was: lost, as the
+        // read below says), 2 for a row the duplicate-key path changed: taken over.
+        let done = sqlx::query(audited(&sql.acquire))
             .bind(key)
             .bind(owner)
             .bind(lease_micros)
             .execute(&mut *conn)
             .await?;
-        if watch {
+        let taken_over = Some(i64::from(done.rows_affected() == 2));
+        let row: Option<ReadRow> = if watch {
             sqlx::query_as(audited(&sql.read_owner_watching))
                 .bind(queue)
                 .bind(queue)
@@ -635,14 +691,18 @@ async fn acquire_row(
                     .fetch_optional(conn)
                     .await?;
             row.map(|(holder, token, expires_at)| (holder, token, expires_at, None, None))
-        }
+        };
+        row.map(|(holder, token, expires_at, w0, w1)| {
+            (holder, token, expires_at, taken_over, w0, w1)
+        })
     };
     Ok(match row {
-        Some((holder, fencing_token, expires_at, w0, w1)) if holder == owner => {
+        Some((holder, fencing_token, expires_at, taken_over, w0, w1)) if holder == owner => {
             let session = |id: Option<i64>| id.and_then(|id| u64::try_from(id).ok());
             let acquired = Acquired {
                 fencing_token,
                 expires_at,
+                taken_over: taken_over.is_some_and(|taken| taken != 0),
             };
             Some((acquired, Watchers([session(w0), session(w1)])))
         }
@@ -1068,6 +1128,26 @@ impl TicketSql for MySql {
 
 impl NotifySql for MySql {
     note_waiter!();
+
+    async fn waiters(
+        conn: &mut MySqlConnection,
+        sql: &Statements,
+        keys: &[&str],
+        _waiter: i64,
+        registration: Option<u64>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        let queues: Vec<serde_json::Value> = keys
+            .iter()
+            .map(|key| serde_json::json!({ "k": key, "q": registered_key(key) }))
+            .collect();
+        let own = registration.unwrap_or(0);
+        sqlx::query_as(audited(&sql.waiters))
+            .bind(own)
+            .bind(own)
+            .bind(serde_json::Value::Array(queues).to_string())
+            .fetch_all(conn)
+            .await
+    }
 
     const RINGS_BELLS: bool = true;
 

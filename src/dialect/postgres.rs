@@ -35,6 +35,7 @@ statements! { sql;
     acquire_read: &read_acquire(ACQUIRE),
     live_member: LIVE_MEMBER,
     take_write: &take_write(false),
+    waiters: WAITERS,
 }
 
 /// A lease (or a minimum hold) as PostgreSQL takes it: microseconds.
@@ -70,6 +71,9 @@ fn lock_timeout(wait: std::time::Duration) -> i64 {
 // it run before the advisory lock is asked for; so neither that lock nor the row lock
 // of a conflicting row is waited for past the deadline (55P03, a lost race), and an
 // abandoned attempt cannot commit once its caller has given up. No extra round trip.
+// `xmax <> 0` says the row was taken over: a row inserted by this statement has no
+// xmax, while ON CONFLICT DO UPDATE locks the old row first, and its lock stays on the
+// new version as its xmax (the known way to tell the two paths apart, at no cost).
 const ACQUIRE: &str = "\
 WITH serialize AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('{table}:' || $1, 0))
@@ -85,7 +89,7 @@ ON CONFLICT (lock_key) DO UPDATE
        fencing_token = EXCLUDED.fencing_token,
        acquired_at = EXCLUDED.acquired_at
  WHERE held.expire_time <= clock_timestamp()
-RETURNING fencing_token, expire_time";
+RETURNING fencing_token, expire_time, held.xmax <> 0";
 
 // A relaxed (UNLOGGED) table's acquisition is ACQUIRE drawing its token only once the
 // token sequence has been moved past whatever the server handed out before its last start
@@ -379,6 +383,13 @@ const NOTE_WAITER: &str = "\
 UPDATE {table} SET waiters = true WHERE lock_key = $1
 RETURNING GREATEST(0, (EXTRACT(EPOCH FROM expire_time - clock_timestamp()) * 1000000)::bigint)";
 
+// The keys of a console page (`NotifySql::waiters`) whose rows a waiter marked
+// (NOTE_WAITER). The flag says only that a waiter of some Locker (the asking one's too)
+// marked the row since it was written: it stays when that waiter gives up, and goes only
+// with the row (a takeover of an expired row keeps it). One primary-key probe a key.
+const WAITERS: &str = "\
+SELECT lock_key::text, 1::bigint FROM {table} WHERE lock_key = ANY($1::text[]) AND waiters";
+
 // The whole run is one transaction holding a transaction-scoped advisory lock: it cannot
 // outlive its statements or split from them, so it works through a transaction pooler
 // (PgBouncer's transaction mode pins a transaction to one server connection), and a run
@@ -416,16 +427,17 @@ impl LockSql for Postgres {
         wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
+        let row: Option<(i64, DateTime<Utc>, bool)> = sqlx::query_as(audited(&sql.acquire))
             .bind(key)
             .bind(owner)
             .bind(lease_param(lease_micros))
             .bind(lock_timeout(wait))
             .fetch_optional(conn)
             .await?;
-        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+        Ok(row.map(|(fencing_token, expires_at, taken_over)| Acquired {
             fencing_token,
             expires_at,
+            taken_over,
         }))
     }
 
@@ -438,7 +450,7 @@ impl LockSql for Postgres {
         wait: std::time::Duration,
         _upsert_returns: bool,
     ) -> Result<Option<Acquired>, sqlx::Error> {
-        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire_read))
+        let row: Option<(i64, DateTime<Utc>, bool)> = sqlx::query_as(audited(&sql.acquire_read))
             .bind(key)
             .bind(owner)
             .bind(lease_param(lease_micros))
@@ -446,9 +458,10 @@ impl LockSql for Postgres {
             .bind(grant)
             .fetch_optional(conn)
             .await?;
-        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+        Ok(row.map(|(fencing_token, expires_at, taken_over)| Acquired {
             fencing_token,
             expires_at,
+            taken_over,
         }))
     }
 
@@ -487,10 +500,12 @@ impl LockSql for Postgres {
                 let writer = Acquired {
                     fencing_token: w,
                     expires_at: w_expires,
+                    taken_over: false,
                 };
                 let grant = Acquired {
                     fencing_token: g,
                     expires_at: g_expires,
+                    taken_over: false,
                 };
                 WriteInOne::Won(writer, grant)
             }
@@ -557,6 +572,7 @@ impl LockSql for Postgres {
             (Some(fencing_token), Some(expires_at), _, _) => HandOff::To(Acquired {
                 fencing_token,
                 expires_at,
+                taken_over: false,
             }),
             (_, _, expired, notified) => HandOff::Released {
                 expired: expired.unwrap_or(false),
@@ -654,6 +670,22 @@ impl NotifySql for Postgres {
     const NOTIFIES: bool = true;
 
     note_waiter!();
+
+    const COUNTS_WAITERS: bool = false;
+
+    /// A flag per row: who marked it is not kept, so nothing is left out.
+    async fn waiters(
+        conn: &mut PgConnection,
+        sql: &Statements,
+        keys: &[&str],
+        _waiter: i64,
+        _registration: Option<u64>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.waiters))
+            .bind(keys)
+            .fetch_all(conn)
+            .await
+    }
 
     async fn listen(
         listener: ListenerOptions<Postgres>,

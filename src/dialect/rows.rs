@@ -14,6 +14,10 @@ pub struct Acquired {
     pub fencing_token: i64,
     /// The expiry the database computed from its own clock.
     pub expires_at: DateTime<Utc>,
+    /// The statement took over another acquisition's expired row rather than writing a
+    /// row for a free key (the history's `taken_over`); always `false` for a row handed
+    /// over by its holder or written by a read-write lock's write in one statement.
+    pub taken_over: bool,
 }
 
 /// What a release that hands its row to a waiter of the same Locker answered

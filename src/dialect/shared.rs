@@ -63,24 +63,6 @@ macro_rules! migration_scripts {
     };
 }
 
-/// The acquisition upsert's answer on a database with `RETURNING`: a row only when we
-/// won. Evaluates to the `acquire` method's result.
-#[cfg_attr(not(feature = "sqlite"), allow(unused_macros))]
-macro_rules! returning_acquire {
-    ($conn:expr, $sql:expr, $key:expr, $owner:expr, $lease_micros:expr) => {{
-        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&$sql.acquire))
-            .bind($key)
-            .bind($owner)
-            .bind(lease_param($lease_micros))
-            .fetch_optional($conn)
-            .await?;
-        Ok(row.map(|(fencing_token, expires_at)| Acquired {
-            fencing_token,
-            expires_at,
-        }))
-    }};
-}
-
 /// The end of a renewal on a database with `RETURNING`: the rows its `UPDATE` renewed,
 /// and when some leases of `$batch` were not renewed, a read of those keys (bound with the
 /// dialect's `key_list`) to say why: a row still the lease's and live was skipped as

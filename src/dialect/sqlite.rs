@@ -42,6 +42,7 @@ statements! { sqlite_sql;
     live_member: LIVE_MEMBER,
     mark: MARK,
     release_marked: RELEASE_MARKED,
+    waiters: WAITERS,
 }
 
 /// A lease (or a minimum hold) as SQLite takes it: a date modifier.
@@ -67,19 +68,29 @@ fn key_list(keys: Vec<&str>) -> String {
 
 const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
 
-// Only a hint: the upsert below decides. A stale "held" is a lost race, tried again later.
-const HELD: &str = "SELECT 1 FROM {table} WHERE lock_key = ?1 AND expire_time > {now}";
+// The key's row, if any: whether it is live, its owner and token. A live row ends the
+// attempt (lost); otherwise the upsert below decides, and a row it finds changed since
+// this read is a lost race too, tried again later.
+const HELD: &str = "\
+SELECT expire_time > {now}, lock_value, fencing_token FROM {table} WHERE lock_key = ?1";
 
+// The upsert writes only what HELD saw (?4, ?5: the expired row's token and owner, or
+// NULL for no row): the insert only when it saw no row or the row is still there (it
+// then conflicts), the takeover only of that row. So a win tells which it was, from the
+// read the attempt makes anyway: RETURNING sees only the new row, and a trigger would
+// cost every takeover a write more.
 const ACQUIRE: &str = "\
 INSERT INTO {table} (lock_key, lock_value, expire_time, fencing_token, acquired_at)
-VALUES (?1, ?2, strftime('%Y-%m-%d %H:%M:%f', 'now', ?3),
-        (SELECT last_token + 1 FROM {table}_fencing WHERE id = 1), {now})
+SELECT ?1, ?2, strftime('%Y-%m-%d %H:%M:%f', 'now', ?3),
+       (SELECT last_token + 1 FROM {table}_fencing WHERE id = 1), {now}
+ WHERE ?4 IS NULL OR EXISTS (SELECT 1 FROM {table} WHERE lock_key = ?1)
 ON CONFLICT (lock_key) DO UPDATE
    SET lock_value = excluded.lock_value,
        expire_time = excluded.expire_time,
        fencing_token = excluded.fencing_token,
        acquired_at = excluded.acquired_at
- WHERE {table}.expire_time <= {now}
+ WHERE {table}.expire_time <= {now} AND {table}.fencing_token = ?4
+   AND {table}.lock_value = ?5
 RETURNING fencing_token, expire_time";
 
 const RELEASE: &str = "\
@@ -234,6 +245,18 @@ UPDATE {table}_waiter SET expire_time = {mark_until}
 
 const PURGE_MARKS: &str = "DELETE FROM {table}_waiter WHERE expire_time <= {now}";
 
+// For each key of a console page (`NotifySql::waiters`), the Lockers other than the asking
+// one (?2) with a live mark on the key or on its group (`<name>~`, the queue a primitive's
+// waiters mark; the group as the poke trigger computes it): a mark is one Locker whose
+// waiters wait, kept alive by its listener while they do. Two primary-key probes a key.
+const WAITERS: &str = "\
+SELECT k.value, COUNT(DISTINCT w.waiter)
+  FROM json_each(?1) AS k
+  JOIN {table}_waiter AS w
+    ON w.lock_key IN (k.value, rtrim(k.value, replace(k.value, '~', '')))
+ WHERE w.waiter <> ?2 AND w.expire_time > {now}
+ GROUP BY k.value";
+
 // A mark lasts a second unless its Locker's listener refreshes it (at half that, while its
 // waiters wait): a Locker that died is waited for by nobody after a second at most.
 const MARK_UNTIL: &str = "strftime('%Y-%m-%d %H:%M:%f', 'now', '+1 seconds')";
@@ -314,16 +337,30 @@ impl LockSql for Sqlite {
         // Without this read every losing attempt queued for the single write lock, waiting
         // in SQLite's busy handler on a pooled connection: a hundred waiters on a small
         // pool then starved the holder's own renewal and release (its lease was lost).
-        let held: Option<i64> = sqlx::query_scalar(audited(&sql.held))
+        let held: Option<(bool, String, i64)> = sqlx::query_as(audited(&sql.held))
             .bind(key)
             .fetch_optional(&mut *conn)
             .await?;
-        if held.is_some() {
-            return Ok(None);
-        }
+        let expired = match held {
+            Some((true, _, _)) => return Ok(None),
+            Some((false, holder, token)) => Some((token, holder)),
+            None => None,
+        };
         // One statement, atomic on its own; the migration's trigger moves the counter
         // forward whenever a row is written with a new token.
-        returning_acquire!(conn, sql, key, owner, lease_micros)
+        let row: Option<(i64, DateTime<Utc>)> = sqlx::query_as(audited(&sql.acquire))
+            .bind(key)
+            .bind(owner)
+            .bind(lease_param(lease_micros))
+            .bind(expired.as_ref().map(|(token, _)| *token))
+            .bind(expired.as_ref().map(|(_, holder)| holder.as_str()))
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(|(fencing_token, expires_at)| Acquired {
+            fencing_token,
+            expires_at,
+            taken_over: expired.is_some(),
+        }))
     }
 
     async fn check_fences(
@@ -456,6 +493,20 @@ impl NotifySql for Sqlite {
             .await?;
         // Taken meanwhile, for a lease not read: the waiter looks again soon (`left` 0).
         Ok(live.then(|| left.unwrap_or(0)))
+    }
+
+    async fn waiters(
+        conn: &mut SqliteConnection,
+        sql: &Statements,
+        keys: &[&str],
+        waiter: i64,
+        _registration: Option<u64>,
+    ) -> Result<Vec<(String, i64)>, sqlx::Error> {
+        sqlx::query_as(audited(&sql.waiters))
+            .bind(key_list(keys.to_vec()))
+            .bind(waiter)
+            .fetch_all(conn)
+            .await
     }
 
     async fn listen(

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use dblock::{Error, EventKind, HistoryFilter, LockEvent, Locker, ReaperConfig};
 use tokio::time::Instant;
 
-use super::{LONG, PATIENCE};
+use super::{LONG, PATIENCE, SHORT};
 use crate::common::{TestBackend, TestDb, wait_until};
 
 /// A Locker on the test's table that records history (kept an hour), with `prefix` as its
@@ -464,4 +464,67 @@ pub async fn history_records_a_handoff<DB: TestBackend>() {
     if DB::HANDOFF_IN_RELEASE {
         assert_eq!(on_key[4].detail.as_deref(), Some(a.0.as_str()));
     }
+}
+
+/// An acquisition that took over an expired row records `taken_over`, one of a free key
+/// `acquired`: through `try_acquire` and through a several-key acquisition, each with the
+/// new owner and token. The expiry is waited for by the database clock.
+pub async fn history_tells_a_takeover_from_a_fresh_acquisition<DB: TestBackend>() {
+    let Some(db) = TestDb::<DB>::open().await else {
+        return;
+    };
+    let locker = recording(&db, "take:1:");
+    let old = db
+        .locker
+        .try_acquire("h:old", SHORT)
+        .await
+        .unwrap()
+        .unwrap();
+    let old_multi = db
+        .locker
+        .try_acquire("h:m-old", SHORT)
+        .await
+        .unwrap()
+        .unwrap();
+    for key in ["h:old", "h:m-old"] {
+        wait_until("the lease expired", PATIENCE, async || {
+            let holder = db.locker.holder(key).await.unwrap();
+            holder.expect("the row is still there").expired
+        })
+        .await;
+    }
+    let taker = locker.try_acquire("h:old", LONG).await.unwrap().unwrap();
+    let fresh = locker.try_acquire("h:new", LONG).await.unwrap().unwrap();
+    let both = (locker
+        .try_acquire_all(&["h:m-old", "h:m-new"], LONG)
+        .await
+        .unwrap())
+    .expect("an expired row and a free key");
+    locker.shutdown().await;
+
+    let events = all(&db.locker).await;
+    let only = |key: &str| -> (EventKind, String, Option<i64>) {
+        let on_key = of_key(&events, key);
+        assert_eq!(on_key.len(), 1, "{key}: {on_key:#?}");
+        let event = on_key[0];
+        (event.kind, event.owner.clone(), event.fencing_token)
+    };
+    let held = |owner: &str, token: i64| (owner.to_owned(), Some(token));
+    let (kind, owner, token) = only("h:old");
+    assert_eq!(kind, EventKind::TakenOver);
+    assert_eq!((owner, token), held(taker.owner(), taker.fencing_token()));
+    let (kind, owner, token) = only("h:new");
+    assert_eq!(kind, EventKind::Acquired);
+    assert_eq!((owner, token), held(fresh.owner(), fresh.fencing_token()));
+    for (key, expected) in [
+        ("h:m-old", EventKind::TakenOver),
+        ("h:m-new", EventKind::Acquired),
+    ] {
+        let (kind, owner, token) = only(key);
+        assert_eq!(kind, expected, "{key}");
+        let token_of_key = both.fencing_token(key).expect("the guard holds the key");
+        let expected = held(both.guards()[0].owner(), token_of_key);
+        assert_eq!((owner, token), expected, "{key}");
+    }
+    assert!(old.owner() != taker.owner() && old_multi.owner() != both.guards()[0].owner());
 }

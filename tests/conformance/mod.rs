@@ -193,6 +193,7 @@ macro_rules! conformance_suite {
             no_history_writes_nothing,
             shutdown_writes_the_noted_history,
             history_records_a_handoff,
+            history_tells_a_takeover_from_a_fresh_acquisition,
         );
     };
     (@cases $db:ty; $($case:ident),* $(,)?) => {

@@ -195,9 +195,32 @@ impl Server {
         Ok(())
     }
 
-    /// Starts the server again on the same data directory and port.
+    /// Starts the server again on the same data directory and port. After a crash stop,
+    /// PostgreSQL's backends outlive the postmaster's process group (each calls setsid)
+    /// and leave only when they notice its death, slowly on a loaded machine; until then
+    /// a new postmaster refuses to start ("pre-existing shared memory block is still in
+    /// use", exit 1), and is started again.
     pub async fn restart(&mut self) -> Res<()> {
-        self.launch().await
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            match self.launch().await {
+                Err(_) if Instant::now() < deadline && self.refused_for_old_backends() => {
+                    sleep(Duration::from_millis(100)).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    /// Whether the server's last words hold PostgreSQL's refusal to share its memory with
+    /// the backends of a crashed postmaster (their own dying words may follow it).
+    fn refused_for_old_backends(&self) -> bool {
+        if self.kind != Kind::Postgres {
+            return false;
+        }
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let tail = log.get(log.len().saturating_sub(2048)..).unwrap_or(&log);
+        tail.contains("pre-existing shared memory block")
     }
 
     async fn init(&self) -> Res<()> {

@@ -49,7 +49,7 @@ ON CONFLICT (lock_key) DO UPDATE
        fencing_token = EXCLUDED.fencing_token,
        acquired_at = EXCLUDED.acquired_at
  WHERE held.expire_time <= clock_timestamp()
-RETURNING fencing_token, expire_time";
+RETURNING fencing_token, expire_time, held.xmax <> 0";
 
 const PG_RELEASE: &str = "\
 DELETE FROM {table} WHERE lock_key = $1 AND lock_value = $2 AND fencing_token = $3
@@ -68,7 +68,8 @@ ON DUPLICATE KEY UPDATE
 
 // MariaDB 10.5+: ACQUIRE with this tail is the whole attempt (dblock asks the server's
 // version once per lock table, as `MyHand` does).
-const MY_RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time";
+const MY_RETURNING_OWNER: &str = "\nRETURNING lock_value, fencing_token, expire_time,
+          CAST(@dblock_taken_from IS NOT NULL AS SIGNED)";
 
 const MY_READ_OWNER: &str =
     "SELECT lock_value, fencing_token, expire_time FROM {table} WHERE lock_key = ?";
