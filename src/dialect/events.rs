@@ -53,6 +53,20 @@ pub struct EventQuery<'a> {
     pub oldest_first: bool,
 }
 
+impl EventQuery<'_> {
+    /// The read for this query's order: `oldest` or `newest` first.
+    pub(crate) fn ordered<'s, T>(&self, newest: &'s T, oldest: &'s T) -> &'s T {
+        if self.oldest_first { oldest } else { newest }
+    }
+
+    /// The kinds as one JSON array (MySQL's `JSON_TABLE`, SQLite's `json_each`).
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn kinds_json(&self) -> Option<String> {
+        let kinds = self.kinds.as_ref()?;
+        Some(serde_json::Value::from(kinds.clone()).to_string())
+    }
+}
+
 /// `(id, at, kind, key, owner, fencing token, detail)`: one event as read.
 pub(crate) type EventRow = (
     i64,

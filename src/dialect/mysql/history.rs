@@ -94,15 +94,8 @@ impl HistorySql for MySql {
         sql: &Statements,
         query: &EventQuery<'_>,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let statement = if query.oldest_first {
-            &sql.read_events_oldest
-        } else {
-            &sql.read_events
-        };
-        let kinds = query
-            .kinds
-            .as_ref()
-            .map(|kinds| serde_json::Value::from(kinds.clone()).to_string());
+        let statement = query.ordered(&sql.read_events, &sql.read_events_oldest);
+        let kinds = query.kinds_json();
         let bytes = |s: Option<&str>| s.map(|s| s.as_bytes().to_vec());
         let rows: Vec<Row> = sqlx::query_as(audited(statement))
             .bind(bytes(query.key))

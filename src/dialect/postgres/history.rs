@@ -79,11 +79,7 @@ impl HistorySql for Postgres {
         sql: &Statements,
         query: &EventQuery<'_>,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let statement = if query.oldest_first {
-            &sql.read_events_oldest
-        } else {
-            &sql.read_events
-        };
+        let statement = query.ordered(&sql.read_events, &sql.read_events_oldest);
         sqlx::query_as(audited(statement))
             .bind(query.key)
             .bind(query.from)

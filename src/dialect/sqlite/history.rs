@@ -81,15 +81,8 @@ impl HistorySql for Sqlite {
         sql: &Statements,
         query: &EventQuery<'_>,
     ) -> Result<Vec<EventRow>, sqlx::Error> {
-        let statement = if query.oldest_first {
-            &sql.read_events_oldest
-        } else {
-            &sql.read_events
-        };
-        let kinds = query
-            .kinds
-            .as_ref()
-            .map(|kinds| serde_json::Value::from(kinds.clone()).to_string());
+        let statement = query.ordered(&sql.read_events, &sql.read_events_oldest);
+        let kinds = query.kinds_json();
         sqlx::query_as(audited(statement))
             .bind(query.key)
             .bind(query.from)
