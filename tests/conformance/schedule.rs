@@ -2,7 +2,7 @@
 //! period exactly once, decided by the database clock; overruns and missed periods are
 //! counted; bad input is refused before anything is written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,13 +19,15 @@ const PERIODS: i64 = 6;
 /// Four nodes, each a Locker on its own pool, drive the same one-second schedule with
 /// `run_once`, each waking a random 0-300 ms after every period's start (a late timer).
 /// Every period any node woke in ran exactly once (the work records its period number),
-/// each node's `runs + skips + missed` covers the periods it spanned, the runs of all
+/// unless a node's acquisition of it arrived after its end (`Turn::Late`: on a busy
+/// machine every node's first wake-up can land at a period's very end), each node's `runs + skips + missed` covers the periods it spanned, the runs of all
 /// nodes add up to the periods, and the schedule left its two rows and no more.
 pub async fn schedule_runs_each_period_exactly_once<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
     let runs: Arc<Mutex<BTreeMap<i64, u32>>> = Arc::default();
+    let late: Arc<Mutex<BTreeSet<i64>>> = Arc::default();
     let mut tasks = Vec::new();
     for _ in 0..NODES {
         let locker = Locker::builder(db.another_pool().await)
@@ -33,9 +35,9 @@ pub async fn schedule_runs_each_period_exactly_once<DB: TestBackend>() {
             .build()
             .unwrap();
         let schedule = locker.schedule("every-second", PERIOD);
-        let runs = Arc::clone(&runs);
+        let (runs, late) = (Arc::clone(&runs), Arc::clone(&late));
         tasks.push(tokio::spawn(async move {
-            let spanned = drive(&schedule, &runs).await;
+            let spanned = drive(&schedule, &runs, &late).await;
             (spanned, schedule.stats())
         }));
     }
@@ -60,9 +62,17 @@ pub async fn schedule_runs_each_period_exactly_once<DB: TestBackend>() {
     woken.sort();
     woken.dedup();
     let runs = runs.lock().unwrap().clone();
-    let expected: BTreeMap<i64, u32> = woken.iter().map(|&p| (p, 1)).collect();
-    assert_eq!(runs, expected, "runs per period");
-    assert_eq!(total.runs, woken.len() as u64, "the nodes' runs add up");
+    let late = late.lock().unwrap().clone();
+    // A period no node ran must be one some node was late for (it ended while that
+    // node's acquisition was on its way); none ran twice.
+    let expected: BTreeMap<i64, u32> = woken
+        .iter()
+        .filter(|&p| runs.contains_key(p) || !late.contains(p))
+        .map(|&p| (p, 1))
+        .collect();
+    assert_eq!(runs, expected, "runs per period (late for {late:?})");
+    assert!(!runs.is_empty(), "some period ran (late for {late:?})");
+    assert_eq!(total.runs, expected.len() as u64, "the nodes' runs add up");
     assert_eq!(
         total.runs + total.skips + total.missed,
         spanned,
@@ -84,11 +94,12 @@ pub async fn schedule_runs_each_period_exactly_once<DB: TestBackend>() {
 }
 
 /// One node: wakes at once, then 0-300 ms after each period's start, for `PERIODS` more
-/// periods; each run records its period and takes 50 ms. The first and last period it
+/// periods; each run records its period and takes 50 ms, each late turn its period. The first and last period it
 /// woke in.
 async fn drive<DB: TestBackend>(
     schedule: &Schedule<DB>,
     runs: &Mutex<BTreeMap<i64, u32>>,
+    late: &Mutex<BTreeSet<i64>>,
 ) -> (i64, i64) {
     let work = async |period: dblock::Period| {
         *runs.lock().unwrap().entry(period.number).or_default() += 1;
@@ -96,11 +107,18 @@ async fn drive<DB: TestBackend>(
         sleep(Duration::from_millis(50)).await;
         Ok::<_, Error>(())
     };
+    let note_late = |tick: &dblock::Tick<()>| {
+        if matches!(tick.turn, Turn::Late) {
+            late.lock().unwrap().insert(tick.period);
+        }
+    };
     let first = schedule.run_once(work).await.unwrap();
+    note_late(&first);
     let (mut last, mut next) = (first.period, first.next_period_at);
     while last < first.period + PERIODS {
         sleep_until(next + Duration::from_millis(fastrand::u64(0..=300))).await;
         let tick = schedule.run_once(work).await.unwrap();
+        note_late(&tick);
         if !matches!(tick.turn, Turn::AlreadyHandled) {
             last = tick.period;
         }
