@@ -25,11 +25,11 @@ use tokio::time::Instant;
 use super::ceiling::{self, Ceiling};
 use super::load::{Burners, counting_pool};
 use super::queue::Queue;
-use super::round::{Counts, Round, TASKS, measured};
+use super::round::{Counts, Round, TASKS, longest, measured, percentile, speed};
 use super::tasks::{Side, contend};
 use super::thread;
 use crate::contenders::RELAXED;
-use crate::measure::{Samples, median, new_owner, spread, turn_order};
+use crate::measure::{median, new_owner, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
@@ -325,33 +325,6 @@ fn render(names: &[String], rounds: &mut [Vec<Round>]) -> String {
         ]);
     }
     table.render()
-}
-
-/// The median across rounds of one percentile of some samples, in seconds.
-fn percentile(rounds: &mut [Round], samples: fn(&mut Round) -> &mut Samples, p: f64) -> f64 {
-    median(
-        rounds
-            .iter_mut()
-            .map(|r| samples(r).percentile(p).as_secs_f64()),
-    )
-}
-
-/// Per round, `a`'s handoffs/s over `b`'s: (median, (lowest, highest)).
-fn speed(a: &[Round], b: &[Round]) -> (f64, (f64, f64)) {
-    let per_round: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.per_sec() / y.per_sec())
-        .collect();
-    (median(per_round.iter().copied()), spread(per_round))
-}
-
-fn longest(rounds: &[Round]) -> Duration {
-    rounds
-        .iter()
-        .map(|r| r.waits.max())
-        .max()
-        .unwrap_or_default()
 }
 
 /// Cell 3.1's target lines: issue 10's, and issue 31's against the server-side queue.
