@@ -165,9 +165,12 @@ hand-written SQL share the same pool settings and the same tables.
    completed to the next acquisition; statements, task wake-ups and thread wake-ups per
    handoff. Targets: wait p99 <= 50 ms, longest wait <= 100 ms, handoffs/s >= polling's
    and >= 1.15x the server-side queue's, attempts per acquisition <= 1.3, zero errors.
+   Beside them, dblock on a Locker that records the lock history (`history(1 h)`, on
+   dblock's table; issue 44): target, its handoffs/s / dblock's >= 0.95x (median of
+   the per-round ratios), with both wait p99s.
    (1b) The same contenders while two busy-loop processes burn the CPU beside the bench.
    Targets: handoffs/s >= the server-side queue's, wait p99 and longest wait <= 100 ms
-   and <= the server-side queue's. (2) 2 OS processes x 4 tasks, each with its own
+   and <= the server-side queue's, and issue 44's as in (1). (2) 2 OS processes x 4 tasks, each with its own
    Locker and pool, also on SQLite (the processes sharing one database file): share of
    the acquisitions per process and wait p99 (targets: 40-60 % each and <= 100 ms on
    PostgreSQL and MariaDB, 35-65 % and <= 150 ms on SQLite). (3) 100 waiters through a pool of 4 while one

@@ -54,6 +54,7 @@ const BENCH_LAYERS: &[(&str, &[&str])] = &[
             "hotkey::ceiling",
             "hotkey::load",
             "hotkey::queue",
+            "hotkey::recording",
             "hotkey::thread",
             "hotkey::workers",
             "primitives::contenders",

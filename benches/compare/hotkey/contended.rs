@@ -12,24 +12,27 @@
 //! in-process `tokio::sync::Mutex` ([`ceiling`](super::ceiling)), the
 //! fastest a FIFO handoff can be with no database at all, and, on PostgreSQL, dblock on a
 //! relaxed (`UNLOGGED`) lock table, which shows what the durable commit costs each
-//! handoff.
+//! handoff. One more is dblock with the lock history on
+//! ([`recording`](super::recording)), on the durable contender's table, for issue 44's
+//! target: its handoffs/s within noise of the durable contender's.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use dblock::Locker;
+use dblock::{Locker, Stats};
 use tokio::time::Instant;
 
 use super::ceiling::{self, Ceiling};
 use super::load::{Burners, counting_pool};
 use super::queue::Queue;
-use super::round::{Counts, Round, TASKS, measured};
+use super::recording;
+use super::round::{Counts, Round, TASKS, longest, measured, percentile, speed};
 use super::tasks::{Side, contend};
 use super::thread;
 use crate::contenders::RELAXED;
-use crate::measure::{Samples, median, new_owner, spread, turn_order};
+use crate::measure::{median, new_owner, spread, turn_order};
 use crate::report::{Table, count, ms, ms_f, ratio, verdict};
 use crate::servers::{BenchDb, Server};
 use crate::settings::Settings;
@@ -63,15 +66,17 @@ const DBLOCK: usize = 0;
 const POLL: usize = 1;
 const QUEUE: usize = 3;
 const CEILING: usize = 4;
-const RELAXED_DBLOCK: usize = 5;
+const HISTORY: usize = 5;
+const RELAXED_DBLOCK: usize = 6;
 
-/// A contender of these cells: one of [`Side`]'s, on the lock table (or, `Relaxed`,
-/// dblock on the relaxed one), the server-side queue, on connections of its own, or the
-/// in-process mutex, on none.
+/// A contender of these cells: one of [`Side`]'s, on the lock table (or, `History`,
+/// dblock recording the history on it; `Relaxed`, dblock on the relaxed one), the
+/// server-side queue, on connections of its own, or the in-process mutex, on none.
 enum Contender<DB: BenchDb> {
     Table(Arc<Side<DB>>),
     Queue(Arc<Queue>),
     Ceiling(Arc<Ceiling>),
+    History(Arc<Side<DB>>),
     Relaxed(Arc<Side<DB>>),
 }
 
@@ -84,6 +89,7 @@ impl<DB: BenchDb> Contender<DB> {
                 DB::QUEUE_LOCK
             ),
             Contender::Ceiling(_) => ceiling::NAME.to_owned(),
+            Contender::History(_) => recording::NAME.to_owned(),
             Contender::Relaxed(_) => RELAXED.to_owned(),
         }
     }
@@ -108,6 +114,7 @@ pub async fn cell<DB: BenchDb>(
     };
     let locker = counted.fresh_locker(table).await?;
     let polling = Locker::builder(counted.pool.clone()).table(table).build()?;
+    let history = recording::locker(&counted.pool, table)?;
     // On the counting pool, so that its statements are counted as the durable one's.
     let relaxed = DB::relaxed_locker(&counted.pool, relaxed_table).await?;
     let mut contenders = vec![
@@ -119,6 +126,7 @@ pub async fn cell<DB: BenchDb>(
         })),
         Contender::Queue(Arc::new(Queue::default())),
         Contender::Ceiling(Arc::new(Ceiling::default())),
+        Contender::History(Arc::new(Side::Dblock(history.clone()))),
     ];
     if let Some(relaxed) = &relaxed {
         contenders.push(Contender::Relaxed(Arc::new(Side::Dblock(relaxed.clone()))));
@@ -138,6 +146,8 @@ pub async fn cell<DB: BenchDb>(
     let burned = burners.map(|loops| (loops.cpu(), started.elapsed()));
     locker.shutdown().await;
     polling.shutdown().await;
+    history.shutdown().await;
+    let history_stats = history.stats();
     DB::drop_lock_table(&counted.pool, table).await?;
     if let Some(relaxed) = relaxed {
         relaxed.shutdown().await;
@@ -161,7 +171,7 @@ pub async fn cell<DB: BenchDb>(
     }
     out.push('\n');
     if cpu_contended {
-        contended_targets(&mut out, &mut rounds);
+        contended_targets(&mut out, &mut rounds, &history_stats);
         if let Some((cpu, took)) = burned {
             let _ = writeln!(
                 out,
@@ -172,7 +182,7 @@ pub async fn cell<DB: BenchDb>(
             );
         }
     } else {
-        quiet_targets(&mut out, &mut rounds);
+        quiet_targets(&mut out, &mut rounds, &history_stats);
         let retakes = median(rounds[POLL].iter().map(Round::retake_share));
         out.push_str(&thread::ceiling::<DB>(settings, &server.url, retakes).await);
     }
@@ -189,10 +199,12 @@ pub async fn cell<DB: BenchDb>(
 const PER_HANDOFF: &str = "\nPer handoff = per acquisition (each but a round's first is \
     one handoff). Statements: the lock-table contenders', counted as connections given \
     back to the cell's own pool (one per attempt, wake-up request or release; each one \
-    statement on PostgreSQL; dblock relaxed's too, on the same pool), except dblock's \
-    handoffs: a release that hands the row to the next waiter sends its one statement on \
-    the lease engine's own connection, outside the pool, which is not counted (so dblock's \
-    rows read about 0 where every grant is a handoff); the server-side \
+    statement on PostgreSQL; dblock history on's and dblock relaxed's too, on the same \
+    pool, history on's with its history writes: one statement a second, the one after \
+    each round's end included), except dblock's handoffs: a release that hands the row to \
+    the next waiter sends its one statement on the lease engine's own connection, outside \
+    the pool, which is not counted (so dblock's rows read about 0 where every grant is a \
+    handoff); the server-side \
     queue's lock and unlock statements, counted as sent; the in-process mutex sends none. \
     Both include the statements of acquires cut off by a round's end. Task \
     wake-ups: polls of the 8 tasks after their first (not of tasks that dblock or sqlx \
@@ -221,8 +233,8 @@ async fn interleaved<DB: BenchDb>(
         for i in turn_order(contenders.len(), r) {
             let key = format!("hot:{run}:{r}:{i}");
             // Deadlocks are read on the server's pool, not the counted one.
-            let round = match &contenders[i] {
-                Contender::Table(side) | Contender::Relaxed(side) => {
+            let mut round = match &contenders[i] {
+                Contender::Table(side) | Contender::History(side) | Contender::Relaxed(side) => {
                     let counts = || Counts {
                         attempts: side.attempts(),
                         statements: given_back.load(Ordering::Relaxed),
@@ -261,6 +273,13 @@ async fn interleaved<DB: BenchDb>(
                     .await
                 }
             };
+            if let Contender::History(_) = &contenders[i] {
+                // The write of the round's last events, waited out so that it lands in
+                // no other contender's round, is this round's statement all the same.
+                let before = given_back.load(Ordering::Relaxed);
+                recording::drain().await;
+                round.statements += given_back.load(Ordering::Relaxed) - before;
+            }
             rounds[i].push(round);
         }
     }
@@ -327,35 +346,9 @@ fn render(names: &[String], rounds: &mut [Vec<Round>]) -> String {
     table.render()
 }
 
-/// The median across rounds of one percentile of some samples, in seconds.
-fn percentile(rounds: &mut [Round], samples: fn(&mut Round) -> &mut Samples, p: f64) -> f64 {
-    median(
-        rounds
-            .iter_mut()
-            .map(|r| samples(r).percentile(p).as_secs_f64()),
-    )
-}
-
-/// Per round, `a`'s handoffs/s over `b`'s: (median, (lowest, highest)).
-fn speed(a: &[Round], b: &[Round]) -> (f64, (f64, f64)) {
-    let per_round: Vec<f64> = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| x.per_sec() / y.per_sec())
-        .collect();
-    (median(per_round.iter().copied()), spread(per_round))
-}
-
-fn longest(rounds: &[Round]) -> Duration {
-    rounds
-        .iter()
-        .map(|r| r.waits.max())
-        .max()
-        .unwrap_or_default()
-}
-
-/// Cell 3.1's target lines: issue 10's, and issue 31's against the server-side queue.
-fn quiet_targets(out: &mut String, rounds: &mut [Vec<Round>]) {
+/// Cell 3.1's target lines: issue 10's, issue 31's against the server-side queue, and
+/// issue 44's for the history-on contender (`history`: its Locker's stats).
+fn quiet_targets(out: &mut String, rounds: &mut [Vec<Round>], history: &Stats) {
     let p99 = percentile(&mut rounds[DBLOCK], |r| &mut r.waits, 99.0);
     let dblock = &rounds[DBLOCK];
     let longest = longest(dblock);
@@ -426,11 +419,13 @@ fn quiet_targets(out: &mut String, rounds: &mut [Vec<Round>]) {
         count(lo),
         count(hi),
     );
+    history_target(out, rounds, history);
     context(out, rounds, QUEUE_QUIET);
 }
 
-/// Cell 3.1b's target lines: issue 31's, dblock against the server-side queue.
-fn contended_targets(out: &mut String, rounds: &mut [Vec<Round>]) {
+/// Cell 3.1b's target lines: issue 31's, dblock against the server-side queue, and issue
+/// 44's for the history-on contender, as in 3.1.
+fn contended_targets(out: &mut String, rounds: &mut [Vec<Round>], history: &Stats) {
     let p99 = percentile(&mut rounds[DBLOCK], |r| &mut r.waits, 99.0);
     let queue_p99 = percentile(&mut rounds[QUEUE], |r| &mut r.waits, 99.0);
     let (dblock, queue) = (&rounds[DBLOCK], &rounds[QUEUE]);
@@ -460,7 +455,14 @@ fn contended_targets(out: &mut String, rounds: &mut [Vec<Round>]) {
         ms(longest),
         ms(queue_longest),
     );
+    history_target(out, rounds, history);
     context(out, rounds, QUEUE_CONTENDED);
+}
+
+/// Issue 44's target line: the history-on contender against durable dblock.
+fn history_target(out: &mut String, rounds: &mut [Vec<Round>], history: &Stats) {
+    let (off, on) = rounds.split_at_mut(HISTORY);
+    recording::target(out, &mut on[0], &mut off[DBLOCK], history);
 }
 
 /// Lines after a cell's targets that put them in context (no targets themselves): the

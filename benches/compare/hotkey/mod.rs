@@ -18,7 +18,10 @@
 //!    the server grants the key. Beside them, to put the targets against that queue in
 //!    context: the same tasks on an in-process `tokio::sync::Mutex`
 //!    ([`ceiling`](ceiling)), a handoff with no database at all,
-//!    and (PostgreSQL) dblock on a relaxed (`UNLOGGED`) lock table.
+//!    and (PostgreSQL) dblock on a relaxed (`UNLOGGED`) lock table. And dblock's
+//!    `acquire` on a Locker that records the lock history (`history(1 h)`, on the
+//!    durable contender's table; [`recording`](recording)), for issue 44's target: its
+//!    handoffs/s unchanged beyond noise.
 //!
 //!    1b. **The same, CPU contended**: cell 1's contenders while two busy-loop processes
 //!    run beside the bench.
@@ -38,11 +41,11 @@
 //!
 //! The section reads one way down: this module runs the cells in the report's order;
 //! each cell (`contended`, `procs`, `pool`, `fair`) builds on the contenders and helpers
-//! beside it (`ceiling`, `queue`, `load`, `thread`, `workers`: what a worker process of
-//! cells 2 and 4 does), and all of them on what the cells share (`round`: a round's
-//! figures and how it is measured; `tasks`: the contenders' task loop), which in turn
-//! uses only the bench's shared modules (the worker processes themselves:
-//! [`crate::workers`]).
+//! beside it (`ceiling`, `queue`, `recording`, `load`, `thread`, `workers`: what a
+//! worker process of cells 2 and 4 does), and all of them on what the cells share
+//! (`round`: a round's figures and how it is measured; `tasks`: the contenders' task
+//! loop), which in turn uses only the bench's shared modules (the worker processes
+//! themselves: [`crate::workers`]).
 
 mod ceiling;
 mod contended;
@@ -51,6 +54,7 @@ mod load;
 mod pool;
 mod procs;
 mod queue;
+mod recording;
 mod round;
 mod tasks;
 mod thread;
@@ -68,8 +72,10 @@ pub const INTRO: &str = "## 3. Hot key: one key, waiting acquire\n\n\
     Issue 10's cells, then fair mode, each holder keeping the key 2 ms: (1) 8 tasks \
     through one Locker, against polling, a retry-at-once loop and a server-side queue \
     (a connection per task, blocked in the server's own lock until granted), with an \
-    in-process mutex (no database: the ceiling of any FIFO handoff) and, on PostgreSQL, \
-    dblock on a relaxed (`UNLOGGED`) table beside them, and (1b) the \
+    in-process mutex (no database: the ceiling of any FIFO handoff), dblock with the lock \
+    history on (`history(1 h)`, on dblock's table; issue 44's target: its handoffs/s \
+    unchanged beyond noise) and, on PostgreSQL, dblock on a relaxed (`UNLOGGED`) table \
+    beside them, and (1b) the \
     same while two busy loops burn the CPU beside the bench, (2) 2 processes x 4 tasks, \
     each process with its own Locker and pool (also on SQLite, the processes sharing one \
     database file: the section's only cell there), (3) 100 waiters through a pool of 4 while \

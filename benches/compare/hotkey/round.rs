@@ -1,5 +1,6 @@
 //! What the cells of section 3 that run in one process share: a round's figures
-//! ([`Round`]), how a round is measured ([`measured`]), and dblock against polling in
+//! ([`Round`]) and a contender's across its rounds ([`percentile`], [`speed`],
+//! [`longest`]), how a round is measured ([`measured`]), and dblock against polling in
 //! interleaved rounds ([`interleaved`], for the one-thread comparison).
 
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::tasks::{Contended, Side, contend};
-use crate::measure::{Samples, new_owner, process_cpu, turn_order};
+use crate::measure::{Samples, median, new_owner, process_cpu, spread, turn_order};
 use crate::servers::BenchDb;
 
 pub const TASKS: usize = 8;
@@ -164,4 +165,32 @@ pub async fn interleaved<DB: BenchDb>(
         }
     }
     measured
+}
+
+/// The median across rounds of one percentile of some samples, in seconds.
+pub fn percentile(rounds: &mut [Round], samples: fn(&mut Round) -> &mut Samples, p: f64) -> f64 {
+    median(
+        rounds
+            .iter_mut()
+            .map(|r| samples(r).percentile(p).as_secs_f64()),
+    )
+}
+
+/// Per round, `a`'s handoffs/s over `b`'s: (median, (lowest, highest)).
+pub fn speed(a: &[Round], b: &[Round]) -> (f64, (f64, f64)) {
+    let per_round: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.per_sec() / y.per_sec())
+        .collect();
+    (median(per_round.iter().copied()), spread(per_round))
+}
+
+/// The longest wait of all the rounds.
+pub fn longest(rounds: &[Round]) -> Duration {
+    rounds
+        .iter()
+        .map(|r| r.waits.max())
+        .max()
+        .unwrap_or_default()
 }

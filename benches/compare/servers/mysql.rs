@@ -51,11 +51,12 @@ async fn run(pool: &MySqlPool, sql: String) -> Result<(), sqlx::Error> {
 
 impl LockDb for MySql {
     async fn drop_lock_table(pool: &MySqlPool, table: &str) -> Result<(), sqlx::Error> {
-        // The fencing and ticket-order triggers go with their tables.
+        // The fencing and ticket-order triggers go with their tables; `migrate` also
+        // leaves its claim table, `<table>_migrating`.
         run(
             pool,
             format!(
-                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket, {table}_events"
+                "DROP TABLE IF EXISTS {table}, {table}_fencing, {table}_history, {table}_ticket, {table}_events, {table}_migrating"
             ),
         )
         .await
