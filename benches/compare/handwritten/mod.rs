@@ -12,9 +12,13 @@
 //! ([`seeds`]).
 //!
 //! *Floor*: two round trips that lock nothing ([`floor`]).
+//!
+//! *A read-write lock's write*: PostgreSQL's one call that takes both of a write's rows
+//! and one DELETE of both, by hand ([`write`], cell 7.4).
 
 pub mod floor;
 pub mod seeds;
+pub mod write;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +102,22 @@ SELECT fencing_token FROM {table}
  WHERE lock_key = ? AND lock_value = ? AND fencing_token = ? AND expire_time > NOW(6)
   LOCK IN SHARE MODE";
 
+// A read-write lock's write on PostgreSQL, from src/dialect/postgres.rs: `take_write`'s
+// format string as it stands there (`{{table}}`, and `{relaxed}` for the table's
+// durability), so that the check below can find it in that source; [`write`] fills both in.
+const PG_TAKE_WRITE: &str =
+    "SELECT outcome, writer_token, writer_expires, grant_token, grant_expires
+           FROM {{table}}_take_write($1, $2, $3, $4, $5, $6, $7, {relaxed})";
+
+// The release of both of a write's rows in one statement (PostgreSQL's pair release is
+// its batched one).
+const PG_RELEASE_BATCH: &str = "\
+DELETE FROM {table} AS t
+ USING unnest($1::text[], $2::text[], $3::bigint[]) AS w(k, o, tok)
+ WHERE t.lock_key = w.k AND t.lock_value = w.o AND t.fencing_token = w.tok
+RETURNING t.lock_key::text, t.fencing_token, t.expire_time <= clock_timestamp(),
+          CASE WHEN t.waiters THEN pg_notify('dblock:{table}', t.fencing_token || ':' || t.lock_key) IS NULL END";
+
 /// dblock's fencing check on `table`, PostgreSQL's or MySQL's.
 pub fn check_fence_sql(postgres: bool, table: &str) -> String {
     let template = if postgres {
@@ -121,30 +141,36 @@ pub fn check_copies() -> Result<(), String> {
         ("mysql.rs", MY_SOURCE, "RELEASE_LIVE", MY_RELEASE),
         ("postgres.rs", PG_SOURCE, "CHECK_FENCE", PG_CHECK_FENCE),
         ("mysql.rs", MY_SOURCE, "CHECK_FENCE", MY_CHECK_FENCE),
+        ("postgres.rs", PG_SOURCE, "RELEASE_BATCH", PG_RELEASE_BATCH),
     ];
     for (file, source, name, copy) in copies {
-        match str_const(source, name) {
-            Some(original) if original == copy => {}
-            Some(_) => {
-                return Err(format!(
-                    "src/dialect/{file} changed its {name} statement: update the hand-written \
-                     copy in benches/compare/handwritten/mod.rs so the baseline sends the same SQL"
-                ));
-            }
-            None => {
-                return Err(format!(
-                    "no `const {name}: &str` found in src/dialect/{file}"
-                ));
-            }
-        }
+        let original = literal_after(source, &format!("const {name}: &str ="));
+        same(file, name, original, copy)?;
     }
-    Ok(())
+    // `take_write` formats its statement (the table's durability goes in): the copy is
+    // its format string, the function's first literal.
+    let original = literal_after(PG_SOURCE, "fn take_write(");
+    same("postgres.rs", "take_write", original, PG_TAKE_WRITE)
 }
 
-/// The value of `const NAME: &str = "...";` in Rust source: plain characters, line
-/// continuations and the simple escapes (all the dialect files use).
-fn str_const(source: &str, name: &str) -> Option<String> {
-    let at = source.find(&format!("const {name}: &str ="))?;
+/// Whether the `original` statement `name` of `src/dialect/{file}` is still `copy`.
+fn same(file: &str, name: &str, original: Option<String>, copy: &str) -> Result<(), String> {
+    match original {
+        Some(original) if original == copy => Ok(()),
+        Some(_) => Err(format!(
+            "src/dialect/{file} changed its {name} statement: update the hand-written \
+             copy in benches/compare/handwritten/mod.rs so the baseline sends the same SQL"
+        )),
+        None => Err(format!(
+            "no {name} statement (a string literal) found in src/dialect/{file}"
+        )),
+    }
+}
+
+/// The value of the first string literal after `anchor` in Rust source: plain
+/// characters, line continuations and the simple escapes (all the dialect files use).
+fn literal_after(source: &str, anchor: &str) -> Option<String> {
+    let at = source.find(anchor)?;
     let literal = &source[at..];
     let mut chars = literal[literal.find('"')? + 1..].chars().peekable();
     let mut value = String::new();

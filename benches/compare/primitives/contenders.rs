@@ -1,6 +1,6 @@
 //! Section 7's in-process contenders: a semaphore permit's cycle, a read and a write of
-//! one read-write lock and a mutex on one key, each a [`Contender`] of the interleaved
-//! rounds (cells 7.1 and 7.4).
+//! one read-write lock, a write of a fresh one and a mutex on one key, each a
+//! [`Contender`] of the interleaved rounds (cells 7.1 and 7.4).
 
 use std::time::Duration;
 
@@ -75,6 +75,33 @@ impl<DB: Backend> Contender for Write<DB> {
             let write = self.lock.write(LEASE, WAIT).await?;
             write.release().await?;
             Ok(true)
+        })
+    }
+}
+
+/// A write of a read-write lock of its own each cycle (named by the cycle's fresh key),
+/// released at once: tasks never meet, as the mutex cycle's fresh keys never do, so the
+/// two cycles differ only in what a write does beyond a mutex.
+pub struct FreshWrite<DB: Backend> {
+    pub locker: Locker<DB>,
+}
+
+impl<DB: Backend> Contender for FreshWrite<DB> {
+    fn name(&self) -> &str {
+        "rw_lock write, a fresh lock"
+    }
+
+    fn cycle<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Result<bool, BoxError>> {
+        Box::pin(async move {
+            // `try_write` as the mutex cycle's `try_acquire`: a fresh lock has nobody to
+            // wait for.
+            match self.locker.rw_lock(key).try_write(LEASE).await? {
+                Some(write) => {
+                    write.release().await?;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
         })
     }
 }

@@ -10,7 +10,9 @@
 //! 3. **An election, 4 processes** ([`election_procs`]): resignations, and how many
 //!    handed the lead to another process.
 //! 4. **The read-write lock against a peer's** ([`rw_peer`], PostgreSQL): writes and
-//!    reads against session advisory locks, and writes against dblock's mutex cycle.
+//!    reads against session advisory locks, and writes (of one lock, of a fresh one each
+//!    cycle, and dblock's write statements by hand) against dblock's mutex cycle, with
+//!    the targets' ceilings ([`rw_lines`]).
 //!
 //! Cells 2 and 3 need no more of a database than a lock table, so they run on SQLite
 //! too ([`file_section`]), the processes sharing one database file.
@@ -27,6 +29,7 @@ mod failover;
 mod loads;
 mod permits_procs;
 mod procs;
+mod rw_lines;
 mod rw_peer;
 mod throughput;
 mod writer;
@@ -159,4 +162,7 @@ pub const INTRO: &str = "## 7. Coordination primitives\n\n\
     processes sharing one database file. (4) PostgreSQL: the read-write lock's write and \
     read cycles, 1 and 8 tasks, against session advisory locks as the Rust \
     `distributed-lock` crate takes them, and the write against dblock's mutex cycle, \
-    interleaved in rounds. The segmented stock strategy is in section 4.\n\n";
+    interleaved in rounds; beside them, where a write's time goes: a write of a fresh lock \
+    each cycle, dblock's write statements sent by hand, and ceilings (those statements, a \
+    mutex on one key, the mutex cycle against the peer). The segmented stock strategy is \
+    in section 4.\n\n";

@@ -215,6 +215,12 @@ pub trait BenchDb: LockDb {
     fn peer_rw_lock(_pool: &Pool<Self>) -> Option<PeerRwLock> {
         None
     }
+
+    /// dblock's statements of a read-write lock's write and its release, hand-written on
+    /// `table` (cell 7.4), where the write is one statement (PostgreSQL); `None` elsewhere.
+    fn hand_write(_pool: &Pool<Self>, _table: &str) -> Option<Arc<dyn Contender>> {
+        None
+    }
 }
 
 /// The client name of the sessions of a dedicated pool.

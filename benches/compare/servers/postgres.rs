@@ -14,6 +14,7 @@ use super::{
 };
 use crate::handwritten::floor::Floor;
 use crate::handwritten::seeds::PgSeed;
+use crate::handwritten::write::PgHandWrite;
 use crate::handwritten::{HandLock, PgHand};
 use crate::measure::{BoxError, Contender};
 
@@ -180,6 +181,10 @@ impl BenchDb for Postgres {
             read: side(true),
             write: side(false),
         })
+    }
+
+    fn hand_write(pool: &PgPool, table: &str) -> Option<Arc<dyn Contender>> {
+        Some(Arc::new(PgHandWrite::new(pool.clone(), table)))
     }
 
     async fn statements_seen(admin: &PgPool) -> Result<u64, sqlx::Error> {
