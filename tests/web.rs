@@ -71,6 +71,21 @@ fn csrf_of(page: &str) -> String {
     page[at..].split('"').next().unwrap().to_owned()
 }
 
+/// A Locker on the test's table that records history (kept an hour), without renewals.
+fn recording<DB: TestBackend>(db: &TestDb<DB>) -> dblock::Locker<DB> {
+    dblock::Locker::builder(db.pool.clone())
+        .table(&db.table)
+        .auto_renew(false)
+        .history(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+}
+
+/// `key`, held by the test's own Locker.
+async fn hold<DB: TestBackend>(db: &TestDb<DB>, key: &str) -> dblock::LockGuard<DB> {
+    db.locker.try_acquire(key, LEASE).await.unwrap().unwrap()
+}
+
 /// How many rows of the locks page's table a page shows.
 fn rows_on(page: &str) -> usize {
     let body = page.split("<tbody>").nth(1).expect("a table body");
@@ -90,12 +105,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let guard = db
-        .locker
-        .try_acquire("invoice:42", LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let guard = hold(&db, "invoice:42").await;
     let router = web::router(db.locker.clone());
     let (status, page) = get(&router, "/").await;
     assert_eq!(status, StatusCode::OK);
@@ -179,12 +189,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let guard = db
-        .locker
-        .try_acquire("stuck", LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let guard = hold(&db, "stuck").await;
     let router = web::router(db.locker.clone());
     let (status, _) = post(&router, "/release/confirm", &[("key", "stuck")], &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
@@ -204,12 +209,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let guard = db
-        .locker
-        .try_acquire("stuck", LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let guard = hold(&db, "stuck").await;
     let router = Console::new(db.locker.clone())
         .allow_force_release("ops")
         .router();
@@ -282,12 +282,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let recording = dblock::Locker::builder(db.pool.clone())
-        .table(&db.table)
-        .auto_renew(false)
-        .history(Duration::from_secs(3600))
-        .build()
-        .unwrap();
+    let recording = recording(&db);
     let key = "<b>&\"k/1";
     let first = recording.try_acquire(key, LEASE).await.unwrap().unwrap();
     let first_token = first.fencing_token();
@@ -351,12 +346,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let recording = dblock::Locker::builder(db.pool.clone())
-        .table(&db.table)
-        .auto_renew(false)
-        .history(Duration::from_secs(3600))
-        .build()
-        .unwrap();
+    let recording = recording(&db);
     for _ in 0..2 {
         let ran = recording
             .job("nightly<x>")
@@ -365,12 +355,7 @@ where
             .unwrap();
         assert!(ran.is_some());
     }
-    let held = db
-        .locker
-        .try_acquire("nightly<x>", LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let held = hold(&db, "nightly<x>").await;
     let skipped = recording
         .job("nightly<x>")
         .run(async |_| Ok::<_, dblock::Error>(()))
@@ -442,7 +427,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let guard = db.locker.try_acquire("a/b", LEASE).await.unwrap().unwrap();
+    let guard = hold(&db, "a/b").await;
     let app = Router::new().nest("/admin/locks", web::router(db.locker.clone()));
     let (status, page) = get(&app, "/admin/locks").await;
     assert_eq!(status, StatusCode::OK);
@@ -469,7 +454,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let guard = db.locker.try_acquire("held", LEASE).await.unwrap().unwrap();
+    let guard = hold(&db, "held").await;
     let missing = dblock::Locker::builder(db.pool.clone())
         .table("no_such_table")
         .build()
@@ -507,12 +492,7 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let recording = dblock::Locker::builder(db.pool.clone())
-        .table(&db.table)
-        .auto_renew(false)
-        .history(Duration::from_secs(3600))
-        .build()
-        .unwrap();
+    let recording = recording(&db);
     let pool = recording.semaphore("pool<x>", 3);
     let permits = [
         pool.try_acquire(LEASE).await.unwrap().unwrap(),
@@ -594,18 +574,8 @@ where
     let Some(db) = TestDb::<DB>::open().await else {
         return;
     };
-    let held = db
-        .locker
-        .try_acquire("waited", LEASE)
-        .await
-        .unwrap()
-        .unwrap();
-    let quiet = db
-        .locker
-        .try_acquire("quiet", LEASE)
-        .await
-        .unwrap()
-        .unwrap();
+    let held = hold(&db, "waited").await;
+    let quiet = hold(&db, "quiet").await;
     let other = dblock::Locker::builder(db.another_pool().await)
         .table(&db.table)
         .build()
@@ -690,7 +660,7 @@ async fn the_console_writes_only_a_confirmed_release() {
             .unwrap()
             .unwrap()
     };
-    let guard = db.locker.try_acquire("held", LEASE).await.unwrap().unwrap();
+    let guard = hold(&db, "held").await;
     let before = writes().await;
     let router = Console::new(db.locker.clone())
         .allow_force_release("ops")
