@@ -11,6 +11,7 @@
 
 // This binary uses part of the shared harness; the rest is for the conformance binaries.
 #[allow(dead_code)]
+#[macro_use]
 mod common;
 #[path = "browser/driver.rs"]
 mod driver;
@@ -334,17 +335,6 @@ async fn the_console_works_in_a_real_browser<DB: TestBackend>() {
     held.release().await.ok(); // lost: the console released it
     hostile.release().await.unwrap();
     locker.shutdown().await;
-}
-
-macro_rules! per_backend {
-    ($($case:ident),* $(,)?) => {
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case::<dblock::Postgres>().await } )* }
-        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case::<dblock::MySql>().await } )* }
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case::<dblock::Sqlite>().await } )* }
-    };
 }
 
 per_backend!(the_console_works_in_a_real_browser);

@@ -127,34 +127,13 @@ async fn a_stalled_write_lock_bounds_every_write() {
 async fn a_waiter_that_keeps_losing_writes_its_mark_once() {
     use std::time::Duration;
 
-    use common::TestBackend;
+    use common::counted::{count_writes, writes};
 
     let Some(db) = common::TestDb::<dblock::Sqlite>::open().await else {
         return;
     };
     let t = &db.table;
-    let mut counting = vec![
-        format!("CREATE TABLE {t}_writes (n INTEGER NOT NULL)"),
-        format!("INSERT INTO {t}_writes (n) VALUES (0)"),
-    ];
-    for table in [t.clone(), format!("{t}_waiter")] {
-        for event in ["INSERT", "UPDATE", "DELETE"] {
-            counting.push(format!(
-                "CREATE TRIGGER {table}_{event}_counted AFTER {event} ON {table}
-                 BEGIN UPDATE {t}_writes SET n = n + 1; END"
-            ));
-        }
-    }
-    for sql in counting {
-        dblock::Sqlite::exec(&db.pool, sql, vec![]).await.unwrap();
-    }
-    let writes = async || {
-        let sql = format!("SELECT n FROM {t}_writes");
-        dblock::Sqlite::fetch_i64(&db.pool, sql, vec![])
-            .await
-            .unwrap()
-            .unwrap()
-    };
+    count_writes(&db, &[t.clone(), format!("{t}_waiter")]).await;
     let lease = Duration::from_secs(30);
     let holder = db.locker.try_acquire("busy", lease).await.unwrap().unwrap();
     let waiter = dblock::Locker::builder(db.another_pool().await)
@@ -166,7 +145,7 @@ async fn a_waiter_that_keeps_losing_writes_its_mark_once() {
         })
         .build()
         .unwrap();
-    let before = writes().await;
+    let before = writes(&db).await;
     // Shorter than half a mark's life (a second): no refresh falls in it.
     let waited = waiter
         .acquire("busy", lease, Duration::from_millis(400))
@@ -175,7 +154,7 @@ async fn a_waiter_that_keeps_losing_writes_its_mark_once() {
         matches!(waited, Err(dblock::Error::Timeout { .. })),
         "{waited:?}"
     );
-    let (attempts, written) = (waiter.stats().attempts, writes().await - before);
+    let (attempts, written) = (waiter.stats().attempts, writes(&db).await - before);
     eprintln!("{attempts} lost attempts, {written} writes");
     assert!(attempts >= 20, "only {attempts} attempts");
     assert_eq!(written, 1, "the mark, once, after {attempts} lost attempts");

@@ -4,6 +4,7 @@
 
 // This binary uses part of the shared harness; the rest is for the conformance binaries.
 #[allow(dead_code)]
+#[macro_use]
 mod common;
 
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use common::counted::{count_writes, writes};
 use common::{TestBackend, TestDb};
 use dblock::web::{self, Console};
 use dblock::{EventKind, HistoryFilter};
@@ -638,30 +640,10 @@ async fn the_console_writes_only_a_confirmed_release() {
         return;
     };
     let t = &db.table;
-    let mut counting = vec![
-        format!("CREATE TABLE {t}_writes (n INTEGER NOT NULL)"),
-        format!("INSERT INTO {t}_writes (n) VALUES (0)"),
-    ];
-    for table in [t.clone(), format!("{t}_waiter"), format!("{t}_events")] {
-        for event in ["INSERT", "UPDATE", "DELETE"] {
-            counting.push(format!(
-                "CREATE TRIGGER {table}_{event}_counted AFTER {event} ON {table}
-                 BEGIN UPDATE {t}_writes SET n = n + 1; END"
-            ));
-        }
-    }
-    for sql in counting {
-        dblock::Sqlite::exec(&db.pool, sql, vec![]).await.unwrap();
-    }
-    let writes = async || {
-        let sql = format!("SELECT n FROM {t}_writes");
-        dblock::Sqlite::fetch_i64(&db.pool, sql, vec![])
-            .await
-            .unwrap()
-            .unwrap()
-    };
+    let counted = [t.clone(), format!("{t}_waiter"), format!("{t}_events")];
+    count_writes(&db, &counted).await;
     let guard = hold(&db, "held").await;
-    let before = writes().await;
+    let before = writes(&db).await;
     let router = Console::new(db.locker.clone())
         .allow_force_release("ops")
         .router();
@@ -679,24 +661,13 @@ async fn the_console_writes_only_a_confirmed_release() {
     let (_, confirm) = post(&router, "/release/confirm", &[("key", "held")], &[]).await;
     let (status, _) = post(&router, "/release", &[("key", "held"), ("csrf", "x")], &[]).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    assert_eq!(writes().await, before, "reads wrote");
+    assert_eq!(writes(&db).await, before, "reads wrote");
     let fields = [("key", "held"), ("csrf", &csrf_of(&confirm))];
     let (status, _) = post(&router, "/release", &fields, &[]).await;
     assert_eq!(status, StatusCode::OK);
     // The row's delete and its force_released event.
-    assert_eq!(writes().await, before + 2);
+    assert_eq!(writes(&db).await, before + 2);
     drop(guard);
-}
-
-macro_rules! per_backend {
-    ($($case:ident),* $(,)?) => {
-        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case::<dblock::Postgres>().await } )* }
-        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case::<dblock::MySql>().await } )* }
-        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() { super::$case::<dblock::Sqlite>().await } )* }
-    };
 }
 
 per_backend!(

@@ -3,6 +3,9 @@
 //! application without dblock would.
 
 mod backends;
+#[allow(dead_code)] // only the SQLite and console cases count writes
+#[cfg(feature = "sqlite")]
+pub mod counted;
 pub mod proxy;
 #[allow(dead_code)] // only the PostgreSQL cases make schemas
 #[cfg(feature = "postgres")]
@@ -431,4 +434,19 @@ pub async fn wait_until(what: &str, limit: Duration, mut check: impl AsyncFnMut(
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// `per_backend!(case, ..)`: a `#[tokio::test]` for each case on PostgreSQL, MySQL/MariaDB
+/// and SQLite, in modules named after them (for the binaries whose cases are generic
+/// functions; the conformance binaries instantiate theirs one per backend file).
+#[allow(unused_macros)]
+macro_rules! per_backend {
+    ($($case:ident),* $(,)?) => {
+        mod postgres { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case::<dblock::Postgres>().await } )* }
+        mod mysql { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case::<dblock::MySql>().await } )* }
+        mod sqlite { $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case::<dblock::Sqlite>().await } )* }
+    };
 }
