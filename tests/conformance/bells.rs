@@ -554,9 +554,11 @@ pub async fn semaphore_permits_are_shared_between_processes<DB: TestBackend>() {
 /// (d) The waiting Locker's listener is cut off while its waiter sleeps on a rung key:
 /// its sessions (the one holding the registration, the one blocked on the bell) are
 /// killed, so the release that follows reaches no bell of it. The waiter still gets the
-/// key, by polling: a listener that fails wakes its waiters (they may have missed a
-/// release), which from then on keep their own pace until it hears them again; without
-/// that wake it would sleep on towards the holder's lease end, half a minute away.
+/// key, by polling, not half a minute later at the holder's lease end: a listener that
+/// fails wakes its waiters (they may have missed a release), which from then on keep
+/// their own pace until it hears them again. The listener opened again 100 ms later
+/// wakes every head too. This case checks the grant and that no bell of the dead
+/// listener counted, not which wake came first.
 pub async fn a_waiter_whose_listener_is_cut_off_still_gets_the_key<DB: TestBackend>() {
     let Some(db) = TestDb::<DB>::open().await else {
         return;
@@ -580,6 +582,9 @@ pub async fn a_waiter_whose_listener_is_cut_off_still_gets_the_key<DB: TestBacke
     );
     let ids = sessions_of(&db, &listener, &account.name, key).await;
     assert!(ids.len() >= 2, "a registry and a blocked session: {ids:?}");
+    // Asleep until now (`rung`): an attempt after this is the polling that gets the key
+    // (it may be in flight when the holder releases, and win).
+    let asleep = waiters.stats();
     for id in &ids {
         DB::exec(&db.pool, format!("KILL {id}"), vec![]).await.ok();
     }
@@ -592,7 +597,12 @@ pub async fn a_waiter_whose_listener_is_cut_off_still_gets_the_key<DB: TestBacke
         left == Some(0) && !waiters.listening()
     })
     .await;
-    // Its failure woke the waiter once; the release below rings no bell of its.
+    // The release below rings no bell of it: no session of its listener is left. Its
+    // failure may still count one wake-up after the check above (the blocked session's
+    // failure wakes the queue's head, counted when the listener's loop takes it, unless
+    // the loop sees the registry's failure first). A listener opened again (100 ms after
+    // the break, sooner than a busy machine may get to the release) may hear the bell:
+    // then only the grant is checked.
     let before = waiters.stats();
     holder.release().await.unwrap();
     let (guard, _) = timeout(PATIENCE, waiter)
@@ -600,8 +610,10 @@ pub async fn a_waiter_whose_listener_is_cut_off_still_gets_the_key<DB: TestBacke
         .expect("the waiter gets the lock by polling")
         .expect("the waiter's task");
     let after = waiters.stats();
-    assert_eq!(after.wakeups, before.wakeups, "no bell: {after:?}");
-    assert!(after.attempts > before.attempts, "{after:?}");
+    if after.listener_connects == before.listener_connects {
+        assert!(after.wakeups <= before.wakeups + 1, "no bell: {after:?}");
+    }
+    assert!(after.attempts > asleep.attempts, "{after:?}");
     guard.release().await.unwrap();
 }
 
