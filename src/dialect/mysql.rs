@@ -44,9 +44,11 @@ statements! { batch_sql;
     read_for_force: READ_FOR_FORCE,
     check_fence_write: CHECK_FENCE_WRITE,
     check_fences_write: CHECK_FENCES_WRITE,
-    acquire_returning: &format!("{}{RETURNING_OWNER},\n{}", noting_takeover(), watchers()),
+    acquire_returning: &format!("{}{RETURNING_OWNER},\n{WATCHERS}", noting_takeover()),
     read_owner: READ_OWNER,
     read_owner_watching: &read_owner_watching(),
+    // The table's name, as the wait names hash it (`wait_names`).
+    table_name: "{table}",
     take_bell: &format!("SELECT GET_LOCK({}, 0)", named(BELL, "?")),
     drop_bell: &format!("SELECT RELEASE_LOCK({})", named(BELL, "?")),
     release_live: RELEASE_LIVE,
@@ -170,18 +172,64 @@ fn named(kind: &str, arg: &str) -> String {
     )
 }
 
-/// The sessions holding the wait names of the queue bound twice at the end (connection
-/// ids, `NULL` for a free name): what an acquisition reads along with the row.
-fn watchers() -> String {
-    let [w0, w1] = WAIT.map(|kind| format!("CAST(IS_USED_LOCK({}) AS SIGNED)", named(kind, "?")));
-    format!("{w0}, {w1}")
+/// The sessions holding the two wait names bound at the end (connection ids, `NULL` for
+/// a free name): what an acquisition reads along with the row. The names are computed
+/// here ([`wait_names`]), not by the statement: the server's `MD5` and concatenations
+/// cost the uncontended cycle a few percent (bench/PROFILE.md, "MariaDB's acquisition,
+/// part by part"). Short aliases keep the columns' descriptions, sent with every answer,
+/// short too.
+const WATCHERS: &str =
+    "CAST(IS_USED_LOCK(?) AS SIGNED) AS w0, CAST(IS_USED_LOCK(?) AS SIGNED) AS w1";
+
+/// The two wait names of `queue` on the lock table `table` of `database`, as [`named`]
+/// computes them on the server: `MD5` of the database's, the table's and the queue's
+/// bytes joined by 0x1F (`CONCAT_WS` skips a `NULL` database: no database selected), in
+/// lowercase hex. The listener registers under the server's names, so both must agree
+/// byte for byte (`client_wait_names_are_the_servers`).
+fn wait_names(database: Option<&str>, table: &str, queue: &str) -> [String; 2] {
+    use md5::{Digest, Md5};
+    let mut hasher = Md5::new();
+    if let Some(database) = database {
+        hasher.update(database.as_bytes());
+        hasher.update([0x1F]);
+    }
+    hasher.update(table.as_bytes());
+    hasher.update([0x1F]);
+    hasher.update(queue.as_bytes());
+    let digest = hasher.finalize();
+    let mut hex = String::with_capacity(2 * digest.len());
+    for byte in digest.iter() {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(byte & 0xF)]));
+    }
+    WAIT.map(|kind| format!("dblock:{hex}:{kind}"))
+}
+
+/// The wait names of `queue` for this table's acquisitions; the first call asks the
+/// session for its database (`DATABASE()`), once per lock table: every session of the
+/// pool connects to the same one, as the listener does.
+async fn wait_names_on(
+    conn: &mut MySqlConnection,
+    sql: &Statements,
+    queue: &str,
+) -> Result<[String; 2], sqlx::Error> {
+    let database = match sql.database.get() {
+        Some(known) => known,
+        None => {
+            let database: Option<String> = sqlx::query_scalar("SELECT DATABASE()")
+                .fetch_one(&mut *conn)
+                .await?;
+            sql.database.get_or_init(|| database)
+        }
+    };
+    Ok(wait_names(database.as_deref(), &sql.table_name, queue))
 }
 
 /// MySQL 8's read after the upsert, with the watchers (not on Galera: READ_OWNER there).
 fn read_owner_watching() -> String {
     format!(
-        "SELECT lock_value, fencing_token, expire_time, {}\n  FROM {{table}} WHERE lock_key = ?",
-        watchers()
+        "SELECT lock_value, fencing_token, expire_time, {WATCHERS}\n  FROM {{table}} WHERE lock_key = ?"
     )
 }
 
@@ -641,6 +689,7 @@ async fn acquire_row(
     } = attempt;
     let queue = registered_key(key);
     let row: Option<OwnerRow> = if upsert_returns {
+        let [w0, w1] = wait_names_on(&mut *conn, sql, queue).await?;
         // MariaDB (the only server that takes RETURNING here): the attempt's deadline
         // travels with it as `max_statement_time` (checked on 10.11: it interrupts an
         // InnoDB row-lock wait, error 1969, a lost race), so an abandoned attempt
@@ -662,8 +711,8 @@ async fn acquire_row(
             .bind(key)
             .bind(owner)
             .bind(lease_micros)
-            .bind(queue)
-            .bind(queue)
+            .bind(w0)
+            .bind(w1)
             .fetch_all(conn)
             .await?;
         rows.into_iter().next()
@@ -678,9 +727,10 @@ async fn acquire_row(
             .await?;
         let taken_over = Some(i64::from(done.rows_affected() == 2));
         let row: Option<ReadRow> = if watch {
+            let [w0, w1] = wait_names_on(&mut *conn, sql, queue).await?;
             sqlx::query_as(audited(&sql.read_owner_watching))
-                .bind(queue)
-                .bind(queue)
+                .bind(w0)
+                .bind(w1)
                 .bind(key)
                 .fetch_optional(conn)
                 .await?
@@ -1372,6 +1422,43 @@ UPDATE {batch} JOIN {table} AS t ON t.lock_key = w.k
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names an acquisition binds are the names the listener's statements compute on
+    /// the server (`named`): otherwise a holder never sees a waiter registered, and no
+    /// bell rings. Keys with non-ASCII characters, the separator's byte, a group's mark,
+    /// and the empty key.
+    #[tokio::test]
+    async fn client_wait_names_are_the_servers() {
+        let Some(pool) = crate::table::mysql_paths::server().await else {
+            return;
+        };
+        let mut conn = pool.acquire().await.unwrap();
+        let table = "dblock_names";
+        let statements = MySql::statements(table, Durability::Durable);
+        for queue in ["k", "orders~", "clé ✓ 鍵", "", "a\u{1F}b"] {
+            let client = wait_names_on(&mut conn, &statements, queue).await.unwrap();
+            for (kind, name) in WAIT.iter().zip(&client) {
+                let named = sql(&format!("SELECT {}", named(kind, "?")), table);
+                let server: Vec<u8> = sqlx::query_scalar(audited(&named))
+                    .bind(queue)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert_eq!(String::from_utf8(server).unwrap(), *name, "{queue:?}");
+            }
+        }
+        // No database selected: `CONCAT_WS` skips the `NULL`.
+        let server: Vec<u8> = sqlx::query_scalar(
+            "SELECT CONCAT('dblock:', MD5(CONCAT_WS(0x1F, NULL, 't', 'k')), ':w1')",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(server).unwrap(),
+            wait_names(None, "t", "k")[1]
+        );
+    }
 
     #[test]
     fn token_counters_are_mysqls_crc32() {

@@ -46,11 +46,17 @@ macro_rules! statements {
         #[doc(hidden)]
         pub struct Statements {
             $($name: super::Sql,)*
+            /// The sessions' current database (`DATABASE()`), read once, by the first
+            /// statement that needs it: MySQL's wait names hash it (`dialect/mysql.rs`,
+            /// "Bells"). The other dialects never read it.
+            #[allow(dead_code)]
+            pub(crate) database: std::sync::OnceLock<Option<String>>,
         }
 
         fn build_statements(table: &str) -> Statements {
             Statements {
                 $($name: $splice($template, table),)*
+                database: std::sync::OnceLock::new(),
             }
         }
     };
