@@ -1515,7 +1515,7 @@ mod tests {
 /// 8, which has no `RETURNING`; MariaDB runs it too). No MySQL 8 server is at hand, so the
 /// second path is forced here on MariaDB.
 #[cfg(all(test, feature = "mysql"))]
-pub(crate) mod mysql_paths {
+mod mysql_paths {
     use std::time::Duration;
 
     use sqlx::{MySql, MySqlPool};
@@ -1525,25 +1525,7 @@ pub(crate) mod mysql_paths {
 
     const LEASE: Duration = Duration::from_secs(30);
 
-    /// The test server's pool of one connection, or `None` (printed) when none is given.
-    pub(crate) async fn server() -> Option<MySqlPool> {
-        let Ok(url) = std::env::var("DBLOCK_TEST_MYSQL_URL") else {
-            let required = std::env::var("DBLOCK_TEST_REQUIRE").unwrap_or_default();
-            assert!(
-                !required.split(',').any(|name| name.trim() == "mysql"),
-                "DBLOCK_TEST_REQUIRE names mysql, but DBLOCK_TEST_MYSQL_URL is not set"
-            );
-            eprintln!("skipped: DBLOCK_TEST_MYSQL_URL is not set");
-            return None;
-        };
-        let options = sqlx::mysql::MySqlPoolOptions::new().max_connections(1);
-        Some(
-            options
-                .connect(&url)
-                .await
-                .expect("connect to DBLOCK_TEST_MYSQL_URL"),
-        )
-    }
+    use crate::dialect::test_mysql_server as server;
 
     /// How many `SELECT`s and `INSERT`s this pool's one session has run so far.
     async fn counts(pool: &MySqlPool) -> (i64, i64) {

@@ -843,3 +843,26 @@ pub(crate) mod sealed {
 
 /// Statement text built at run time from a validated identifier.
 pub(crate) type Sql = std::sync::Arc<str>;
+
+/// The MySQL/MariaDB test server's pool of one connection (`DBLOCK_TEST_MYSQL_URL`), or
+/// `None` (printed) when none is given: for the unit tests of this layer and the layers
+/// above it.
+#[cfg(all(test, feature = "mysql"))]
+pub(crate) async fn test_mysql_server() -> Option<sqlx::MySqlPool> {
+    let Ok(url) = std::env::var("DBLOCK_TEST_MYSQL_URL") else {
+        let required = std::env::var("DBLOCK_TEST_REQUIRE").unwrap_or_default();
+        assert!(
+            !required.split(',').any(|name| name.trim() == "mysql"),
+            "DBLOCK_TEST_REQUIRE names mysql, but DBLOCK_TEST_MYSQL_URL is not set"
+        );
+        eprintln!("skipped: DBLOCK_TEST_MYSQL_URL is not set");
+        return None;
+    };
+    let options = sqlx::mysql::MySqlPoolOptions::new().max_connections(1);
+    Some(
+        options
+            .connect(&url)
+            .await
+            .expect("connect to DBLOCK_TEST_MYSQL_URL"),
+    )
+}

@@ -1429,7 +1429,7 @@ mod tests {
     /// and the empty key.
     #[tokio::test]
     async fn client_wait_names_are_the_servers() {
-        let Some(pool) = crate::table::mysql_paths::server().await else {
+        let Some(pool) = crate::dialect::test_mysql_server().await else {
             return;
         };
         let mut conn = pool.acquire().await.unwrap();
